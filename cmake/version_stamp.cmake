@@ -1,0 +1,15 @@
+# Writes replayssm_version.h with the current git commit; touches the file only when it changes.
+execute_process(COMMAND git -C ${SOURCE_DIR} describe --always --dirty --abbrev=12
+                OUTPUT_VARIABLE GIT_DESCRIBE OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR GIT_DESCRIBE STREQUAL "")
+  set(GIT_DESCRIBE "unknown")
+endif()
+set(content "#pragma once\n#define REPLAYSSM_GIT_COMMIT \"${GIT_DESCRIBE}\"\n#define REPLAYSSM_VERSION \"${PROJECT_VERSION}\"\n")
+if(EXISTS ${OUTPUT})
+  file(READ ${OUTPUT} old)
+else()
+  set(old "")
+endif()
+if(NOT old STREQUAL content)
+  file(WRITE ${OUTPUT} "${content}")
+endif()

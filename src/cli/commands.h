@@ -1,0 +1,8 @@
+// One file per subcommand; each registers its options on the shared CLI11 app.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace replayssm::cli {
+void register_quantize(CLI::App& app);
+void register_formats(CLI::App& app);
+}  // namespace replayssm::cli

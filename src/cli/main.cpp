@@ -1,0 +1,29 @@
+// replayssm: numerical-analysis toolkit for low-precision SSM state under ReplaySSM decoding.
+#include <exception>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "util/version.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "replayssm — study SSM layers (Mamba-2, Gated DeltaNet, KDA) whose recurrent state is stored in low\n"
+      "precision and decoded the ReplaySSM way (checkpoint + buffer of recent inputs, flushed every L steps).\n"
+      "Number formats are bit-exact to CUDA's conversions and to Transformer Engine's NVFP4 recipe."};
+  app.set_version_flag("--version", replayssm::version_string(), "Print the toolkit version and git commit");
+  app.require_subcommand(1);
+  replayssm::cli::register_quantize(app);
+  replayssm::cli::register_formats(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::cerr << "replayssm: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,76 @@
+// Whole-matrix quantization API (host): a state matrix S (rows = dv, cols = dk, row-major,
+// blocks along the contiguous dim) stored in one of the toolkit's formats.
+//
+// Storage layout (what a kernel reads; `storage_bytes()` is what the traffic model counts):
+//   fp32          4 B/element, raw
+//   fp16, bf16    2 B/element, little-endian codes
+//   e4m3          1 B/element, no scale (plain cast, saturating)
+//   e2m1          two codes per byte, element 2i in the low nibble, no scale
+//   fp8b128       1 B/element E4M3 codes + one float32 scale per 128 elements
+//   nvfp4         two E2M1 codes per byte + one E4M3 scale byte per 16 elements + one float32
+//                 tensor scale (S_dec)
+// Element flat index (row*cols + col) is the stochastic-rounding counter, so results do not
+// depend on how the work is split.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "formats/block_scaled.h"
+
+namespace replayssm::formats {
+
+enum class StorageFormat : uint8_t { fp32, fp16, bf16, e4m3, e2m1, fp8b128, nvfp4 };
+enum class Rounding : uint8_t { rtn, sr };
+
+inline constexpr StorageFormat kAllStorageFormats[] = {StorageFormat::fp32, StorageFormat::fp16,
+                                                       StorageFormat::bf16, StorageFormat::e4m3,
+                                                       StorageFormat::e2m1, StorageFormat::fp8b128,
+                                                       StorageFormat::nvfp4};
+
+std::string_view to_string(StorageFormat f);
+std::string_view to_string(Rounding r);
+// Throws std::invalid_argument naming the accepted spellings.
+StorageFormat parse_storage_format(std::string_view text);
+Rounding parse_rounding(std::string_view text);
+
+// Block size along the contiguous dimension (1 for unblocked formats).
+int block_size(StorageFormat f);
+// Bits per stored element, scales excluded.
+int element_bits(StorageFormat f);
+// Bytes of a rows x cols matrix in this format, scales included.
+std::size_t storage_bytes(StorageFormat f, std::size_t rows, std::size_t cols);
+
+// Key of the stochastic-rounding generator: (seed, stream); the element index completes it.
+struct SrKey {
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+};
+
+RoundingMode element_rounding_mode(Rounding r);
+
+struct QuantizedMatrix {
+  StorageFormat format = StorageFormat::fp32;
+  std::size_t rows = 0, cols = 0;
+  std::vector<uint8_t> payload;            // element codes as laid out above
+  std::vector<uint8_t> block_scale_codes;  // nvfp4: one E4M3 code per block
+  std::vector<float> block_scales;         // fp8b128: one float32 per block
+  float tensor_scale = 1.0f;               // nvfp4: S_dec
+  std::size_t size() const { return rows * cols; }
+  std::size_t storage_bytes() const { return formats::storage_bytes(format, rows, cols); }
+  // Unpacked element code of element i (fp32: the float bits).
+  uint32_t element_code(std::size_t i) const;
+};
+
+// Throws std::invalid_argument when cols is not a multiple of the block size.
+QuantizedMatrix quantize_matrix(const float* values, std::size_t rows, std::size_t cols, StorageFormat format,
+                                Rounding rounding, SrKey key = {});
+void dequantize_matrix(const QuantizedMatrix& q, float* out);
+
+// In-place quantize-then-dequantize (what the CPU reference stores in a low-precision state).
+void fake_quantize_matrix(float* values, std::size_t rows, std::size_t cols, StorageFormat format, Rounding rounding,
+                          SrKey key = {});
+
+}  // namespace replayssm::formats
