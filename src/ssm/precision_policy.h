@@ -1,0 +1,47 @@
+// A precision policy names one way of storing and decoding SSM state (REPLAYSSM.md sections 2-4):
+//   conventional  the state is read, updated and written back every step, stored in `recur`;
+//   shared        ReplaySSM with one checkpoint in `recur`, read by every step and carrying the
+//                 recurrence, flushed every `window` steps (Algorithms 1 and 4);
+//   split         ReplaySSM with separate checkpoints (Algorithm 3): `read` (low precision, RTN)
+//                 is read by non-flush steps only; `recur` (high precision, FP32 or SR) carries
+//                 the recurrence and is read by flush steps.
+// String form (CLI, configs, result files), canonical output of to_string():
+//   conv:fp32                   conv:fp16+sr            conv:nvfp4+rtn
+//   shared:nvfp4+sr@16          shared:fp32@16
+//   split:nvfp4+rtn/fp32@16     split:nvfp4/fp16+sr@16  (read format first, then recurrence format)
+//   any of them may end in ",seed=N" (default seed 0).
+// Rounding defaults when omitted: rtn, except a split policy's recurrence format, which defaults
+// to sr (the paper's configuration); fp32 takes no rounding.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "formats/quantized_matrix.h"
+
+namespace replayssm::ssm {
+
+enum class DecodeScheme : uint8_t { conventional, shared, split };
+
+struct StateFormat {
+  formats::StorageFormat format = formats::StorageFormat::fp32;
+  formats::Rounding rounding = formats::Rounding::rtn;
+  bool operator==(const StateFormat&) const = default;
+};
+
+struct PrecisionPolicy {
+  DecodeScheme scheme = DecodeScheme::conventional;
+  StateFormat recur;    // the copy that carries the recurrence (conventional: the only copy)
+  StateFormat read;     // split only: the low-precision copy read by non-flush steps
+  int window = 1;       // L; conventional decode is window 1 by definition
+  uint64_t seed = 0;    // stochastic-rounding seed
+  bool operator==(const PrecisionPolicy&) const = default;
+
+  // Throws std::invalid_argument quoting the text and saying what was expected.
+  static PrecisionPolicy parse(std::string_view text);
+  std::string to_string() const;
+  // True when the policy is exact FP32 (conv:fp32, shared:fp32@L, split:fp32/fp32@L).
+  bool is_fp32_exact() const;
+};
+
+}  // namespace replayssm::ssm
