@@ -7,7 +7,12 @@
 
 namespace replayssm::test {
 
-inline std::string source_path(const std::string& relative) { return std::string(REPLAYSSM_SOURCE_DIR) + "/" + relative; }
+// The repository root: $REPLAYSSM_SOURCE_DIR when set (binaries carried to another machine),
+// else the source directory this build was configured from.
+inline std::string source_path(const std::string& relative) {
+  const char* env = std::getenv("REPLAYSSM_SOURCE_DIR");
+  return std::string(env && *env ? env : REPLAYSSM_SOURCE_DIR) + "/" + relative;
+}
 
 // A suite that cannot run on this machine says why on stderr and exits 77 (ctest: SKIPPED).
 [[noreturn]] inline void skip_suite(const std::string& why) {

@@ -108,24 +108,36 @@ uint32_t QuantizedMatrix::element_code(std::size_t i) const {
   return 0;
 }
 
-QuantizedMatrix quantize_matrix(const float* values, std::size_t rows, std::size_t cols, StorageFormat format,
-                                Rounding rounding, SrKey key) {
+void check_block_shape(StorageFormat format, std::size_t rows, std::size_t cols) {
   const int bs = block_size(format);
   if (cols % static_cast<std::size_t>(bs) != 0)
     throw std::invalid_argument(fmt::format(
         "{} stores blocks of {} consecutive elements along the last dimension, but it has {} elements "
         "(shape {}x{}); expected a multiple of {}",
         to_string(format), bs, cols, rows, cols, bs));
+}
+
+QuantizedMatrix allocate_quantized_matrix(StorageFormat format, std::size_t rows, std::size_t cols) {
+  check_block_shape(format, rows, cols);
   QuantizedMatrix q;
   q.format = format;
   q.rows = rows;
   q.cols = cols;
   const std::size_t n = rows * cols;
+  q.payload.assign(n * static_cast<std::size_t>(element_bits(format)) / 8, 0);
+  if (format == StorageFormat::nvfp4) q.block_scale_codes.assign(n / kNvfp4BlockSize, 0);
+  if (format == StorageFormat::fp8b128) q.block_scales.assign(n / kFp8BlockSize, 0.0f);
+  return q;
+}
+
+QuantizedMatrix quantize_matrix(const float* values, std::size_t rows, std::size_t cols, StorageFormat format,
+                                Rounding rounding, SrKey key) {
+  QuantizedMatrix q = allocate_quantized_matrix(format, rows, cols);
+  const std::size_t n = rows * cols;
   const RoundingMode mode = element_rounding_mode(rounding);
   auto random_word = [&](std::size_t i) {
     return mode == RoundingMode::stochastic ? sr_random_word(key.seed, key.stream, i) : 0u;
   };
-  q.payload.assign(n * static_cast<std::size_t>(element_bits(format)) / 8, 0);
   switch (format) {
     case StorageFormat::fp32:
       for (std::size_t i = 0; i < n; ++i) {
@@ -152,7 +164,6 @@ QuantizedMatrix quantize_matrix(const float* values, std::size_t rows, std::size
         set_nibble(q.payload, i, encode_element(ElementFormat::e2m1, values[i], mode, random_word(i)));
       break;
     case StorageFormat::fp8b128: {
-      q.block_scales.resize(n / kFp8BlockSize);
       for (std::size_t b = 0; b < q.block_scales.size(); ++b) {
         const std::size_t begin = b * kFp8BlockSize;
         BlockAmax amax;
@@ -174,7 +185,6 @@ QuantizedMatrix quantize_matrix(const float* values, std::size_t rows, std::size
       for (std::size_t i = 0; i < n; ++i) accumulate_amax(global, values[i]);
       const Nvfp4TensorScale ts = nvfp4_tensor_scale(global.amax);
       q.tensor_scale = ts.decode;
-      q.block_scale_codes.resize(n / kNvfp4BlockSize);
       for (std::size_t b = 0; b < q.block_scale_codes.size(); ++b) {
         const std::size_t begin = b * kNvfp4BlockSize;
         BlockAmax amax;

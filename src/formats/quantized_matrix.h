@@ -65,6 +65,10 @@ struct QuantizedMatrix {
 };
 
 // Throws std::invalid_argument when cols is not a multiple of the block size.
+void check_block_shape(StorageFormat format, std::size_t rows, std::size_t cols);
+// A zero-filled container of the right sizes (what a GPU quantizer fills in).
+QuantizedMatrix allocate_quantized_matrix(StorageFormat format, std::size_t rows, std::size_t cols);
+
 QuantizedMatrix quantize_matrix(const float* values, std::size_t rows, std::size_t cols, StorageFormat format,
                                 Rounding rounding, SrKey key = {});
 void dequantize_matrix(const QuantizedMatrix& q, float* out);

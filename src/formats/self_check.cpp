@@ -100,7 +100,7 @@ void compare_lists(CheckResult& r, const char* what, std::size_t n, Got got, Wan
 
 }  // namespace
 
-std::vector<CheckResult> check_golden_file(const std::string& path) {
+std::vector<CheckResult> check_golden_file(const std::string& path, const MatrixQuantizer& quantizer) {
   std::ifstream in(path);
   if (!in)
     throw std::runtime_error(fmt::format("{}: cannot open golden file (regenerate with scripts/make_format_goldens.py)", path));
@@ -139,7 +139,7 @@ std::vector<CheckResult> check_golden_file(const std::string& path) {
                 : ef == ElementFormat::bf16 ? StorageFormat::bf16
                 : ef == ElementFormat::e4m3 ? StorageFormat::e4m3
                                             : StorageFormat::e2m1;
-      if (storage == StorageFormat::e2m1 && n % 2) {
+      if (storage == StorageFormat::e2m1 && n % 2) {  // (CPU only; golden element cases have even n)
         // Packed e2m1 storage needs an even count; check element-wise instead.
         const RoundingMode mode = element_rounding_mode(rounding);
         compare_lists(r, "codes", n, [&](std::size_t i) {
@@ -153,7 +153,7 @@ std::vector<CheckResult> check_golden_file(const std::string& path) {
     } else {
       throw std::runtime_error(fmt::format("{}: unknown kind '{}'", where, kind));
     }
-    QuantizedMatrix q = quantize_matrix(x.data(), rows, cols, storage, rounding, key);
+    QuantizedMatrix q = quantizer(x.data(), rows, cols, storage, rounding, key);
     std::vector<float> y(n);
     dequantize_matrix(q, y.data());
     compare_lists(r, "codes", n, [&](std::size_t i) { return q.element_code(i); }, [&](std::size_t i) { return codes[i]; });

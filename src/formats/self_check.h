@@ -4,8 +4,11 @@
 //   - the golden file written by scripts/make_format_goldens.py (numpy + ml_dtypes, an independent
 //     implementation of the same definitions) matches code for code, scale for scale, bit for bit.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "formats/quantized_matrix.h"
 
 namespace replayssm::formats {
 
@@ -17,8 +20,12 @@ struct CheckResult {
 
 CheckResult check_philox_known_answers();
 CheckResult check_code_round_trip();
+// Anything with quantize_matrix's signature: the CPU reference or a GPU launcher.
+using MatrixQuantizer =
+    std::function<QuantizedMatrix(const float*, std::size_t, std::size_t, StorageFormat, Rounding, SrKey)>;
+
 // One result per golden case. Throws std::runtime_error if the file is missing or malformed
 // (naming the file, the case and the field).
-std::vector<CheckResult> check_golden_file(const std::string& path);
+std::vector<CheckResult> check_golden_file(const std::string& path, const MatrixQuantizer& quantizer = quantize_matrix);
 
 }  // namespace replayssm::formats
