@@ -1,0 +1,35 @@
+// What the KL sweep needs from a language model (contract between src/model and src/eval).
+//
+// Teacher forcing runs the whole sequence layer by layer, so the natural split is: one pass that
+// produces the final (normed) hidden states of every position — O(N·d) memory — and an LM head
+// applied to any slice of positions. The sweep keeps the FP32 reference's hidden states for a book
+// and streams both distributions chunk by chunk: logits of 128K positions are never all held.
+#pragma once
+#include <Eigen/Dense>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "ssm/precision_policy.h"
+
+namespace replayssm::eval {
+
+using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+class TeacherForcedModel {
+ public:
+  virtual ~TeacherForcedModel() = default;
+  virtual int vocab_size() const = 0;
+  virtual int hidden_size() const = 0;
+  // Short description for logs and result attributes (architecture, sizes).
+  virtual std::string description() const = 0;
+  // A stable content hash of the weights and config (stored with results).
+  virtual std::string content_hash() const = 0;
+  // Final-norm hidden states for every position (tokens.size() x hidden_size), every SSM layer's
+  // recurrence run under `policy`. May contain non-finite values when a state overflows.
+  virtual RowMatrixXf final_hidden(std::span<const int32_t> tokens, const ssm::PrecisionPolicy& policy) = 0;
+  // Log-probabilities (rows x vocab_size) of the next token for the given hidden-state rows.
+  virtual RowMatrixXf log_probs(const Eigen::Ref<const RowMatrixXf>& hidden_rows) = 0;
+};
+
+}  // namespace replayssm::eval
