@@ -11,6 +11,7 @@
 // The output is o_t = S_t q_t (after the update), before any D skip or gating (layer code adds those).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ssm/precision_policy.h"
@@ -42,5 +43,30 @@ struct HeadGroupId {
 // a result, not an error.
 void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy, HeadGroupId id,
                       const std::vector<float*>& out);
+
+// ---- additions to the contract (implementation: sequence_emulator.cpp) ----------------------
+// Semantics, per value head (teacher forcing; states start at 0; window counter h starts at 0;
+// flushes after tokens L, 2L, ...; SR streams as in state_quantizer.h):
+//   conventional  S <- step(S); o_t = S q_t; S <- Q_recur(S)                (event = t - 1)
+//   shared        S_run <- step(S_run) (GDN/KDA: u from S_run); o_t = S_run q_t; at a flush
+//                 S_run <- Q_recur(S_run), the new checkpoint, from which the next window starts
+//   split         S_lp, S_hp running from the LP and HP checkpoints, both stepped every token
+//                 (GDN/KDA: u^LP from S_lp, u^HP from S_hp); non-flush o_t = S_lp q_t; flush
+//                 o_t = S_hp q_t, then S_lp <- Q_read(S_hp), S_hp <- Q_recur(S_hp)
+// The replayed state REPLAY(S_ckpt, B[1:h]) of the literal decoders is evaluated as the same
+// fold, so checkpoints agree bit for bit with ReplayDecoder / SplitPrecisionReplayDecoder.
+
+struct EmulatorOptions {
+  // Worker threads over the value heads of the group: 0 = std::thread::hardware_concurrency().
+  // Small problems and runs with on_checkpoint run on the calling thread.
+  int max_threads = 0;
+  // Called after every quantization event with the value head, the 0-based token index at which
+  // it happened, and the new stored state(s) as row-major dv x dk float arrays (recur copy; read
+  // copy for split policies, else nullptr). For tests and diagnostics.
+  std::function<void(int value_head, int64_t token, const float* recur, const float* read)> on_checkpoint;
+};
+
+void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy, HeadGroupId id,
+                      const std::vector<float*>& out, const EmulatorOptions& options);
 
 }  // namespace replayssm::ssm

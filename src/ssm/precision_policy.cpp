@@ -1,0 +1,185 @@
+// PrecisionPolicy text form. Grammar (whitespace around the whole text is ignored):
+//   policy  := scheme ':' body [',seed=' N]
+//   body    := fmt ['@1']            (conv; conventional decode is window 1)
+//            | fmt '@' L             (shared)
+//            | fmt '/' fmt '@' L     (split: read format, then recurrence format)
+//   fmt     := format ['+' ('rtn' | 'sr')]        format: fp32 fp16 bf16 e4m3 e2m1 fp8b128 (fp8) nvfp4
+// fp32 takes no rounding. Omitted rounding: rtn, except the recurrence format of a split
+// policy, which defaults to sr. Canonical form (to_string): every non-fp32 format carries its
+// rounding, ",seed=N" only when N != 0, scheme "conv", format names as formats::to_string.
+#include "ssm/precision_policy.h"
+
+#include <charconv>
+#include <limits>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace replayssm::ssm {
+
+namespace {
+
+constexpr int kMaxWindow = 1 << 20;
+
+[[noreturn]] void fail(std::string_view text, const std::string& what) {
+  throw std::invalid_argument(fmt::format(
+      "invalid precision policy '{}': {} (expected e.g. 'conv:fp32', 'shared:nvfp4+sr@16', "
+      "'split:nvfp4+rtn/fp16+sr@16', optionally followed by ',seed=N')",
+      text, what));
+}
+
+std::string_view trim(std::string_view s) {
+  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// Parses all of `digits` as an unsigned decimal number; false on anything else or overflow.
+bool parse_unsigned(std::string_view digits, uint64_t& value) {
+  if (digits.empty()) return false;
+  for (char c : digits)
+    if (c < '0' || c > '9') return false;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  return ec == std::errc() && end == digits.data() + digits.size();
+}
+
+StateFormat parse_format(std::string_view text, std::string_view spec, formats::Rounding default_rounding,
+                         std::string_view role) {
+  if (spec.empty()) fail(text, fmt::format("missing {} format", role));
+  const std::size_t plus = spec.find('+');
+  const std::string_view name = spec.substr(0, plus);
+  StateFormat f;
+  try {
+    f.format = formats::parse_storage_format(name);
+  } catch (const std::invalid_argument& e) {
+    fail(text, fmt::format("{} format: {}", role, e.what()));
+  }
+  if (plus == std::string_view::npos) {
+    f.rounding = f.format == formats::StorageFormat::fp32 ? formats::Rounding::rtn : default_rounding;
+    return f;
+  }
+  const std::string_view rounding = spec.substr(plus + 1);
+  if (f.format == formats::StorageFormat::fp32)
+    fail(text, fmt::format("{} format 'fp32' takes no rounding, got '+{}'", role, rounding));
+  try {
+    f.rounding = formats::parse_rounding(rounding);
+  } catch (const std::invalid_argument& e) {
+    fail(text, fmt::format("{} format '{}': {}", role, spec, e.what()));
+  }
+  return f;
+}
+
+int parse_window(std::string_view text, std::string_view digits) {
+  uint64_t L = 0;
+  if (!parse_unsigned(digits, L))
+    fail(text, fmt::format("window after '@' must be a positive integer, got '{}'", digits));
+  if (L < 1) fail(text, fmt::format("window L must be at least 1, got '{}'", digits));
+  if (L > static_cast<uint64_t>(kMaxWindow))
+    fail(text, fmt::format("window L = {} is larger than the supported maximum {}", digits, kMaxWindow));
+  return static_cast<int>(L);
+}
+
+std::string format_to_string(const StateFormat& f) {
+  if (f.format == formats::StorageFormat::fp32) return "fp32";
+  return fmt::format("{}+{}", formats::to_string(f.format), formats::to_string(f.rounding));
+}
+
+}  // namespace
+
+PrecisionPolicy PrecisionPolicy::parse(std::string_view raw) {
+  const std::string_view text = trim(raw);
+  if (text.empty()) fail(raw, "empty text");
+  PrecisionPolicy p;
+
+  // Options after the first ','.
+  std::string_view main = text;
+  const std::size_t comma = text.find(',');
+  if (comma != std::string_view::npos) {
+    main = text.substr(0, comma);
+    std::string_view rest = text.substr(comma + 1);
+    bool have_seed = false;
+    while (true) {
+      const std::size_t next = rest.find(',');
+      const std::string_view option = rest.substr(0, next);
+      const std::size_t eq = option.find('=');
+      const std::string_view key = option.substr(0, eq);
+      if (key != "seed" || eq == std::string_view::npos)
+        fail(text, fmt::format("unknown option '{}' after ',': only 'seed=N' is accepted", option));
+      if (have_seed) fail(text, "'seed' given twice");
+      const std::string_view value = option.substr(eq + 1);
+      if (!parse_unsigned(value, p.seed))
+        fail(text, fmt::format("seed must be an unsigned 64-bit decimal integer, got '{}'", value));
+      have_seed = true;
+      if (next == std::string_view::npos) break;
+      rest = rest.substr(next + 1);
+    }
+  }
+
+  const std::size_t colon = main.find(':');
+  if (colon == std::string_view::npos)
+    fail(text, fmt::format("missing ':' after the scheme in '{}'; schemes are conv, shared, split", main));
+  const std::string_view scheme = main.substr(0, colon);
+  std::string_view body = main.substr(colon + 1);
+  if (scheme == "conv" || scheme == "conventional") {
+    p.scheme = DecodeScheme::conventional;
+  } else if (scheme == "shared") {
+    p.scheme = DecodeScheme::shared;
+  } else if (scheme == "split") {
+    p.scheme = DecodeScheme::split;
+  } else {
+    fail(text, fmt::format("unknown scheme '{}': expected conv, shared or split", scheme));
+  }
+
+  const std::size_t at = body.find('@');
+  std::string_view formats_part = body.substr(0, at);
+  if (at == std::string_view::npos) {
+    if (p.scheme != DecodeScheme::conventional)
+      fail(text, fmt::format("missing window '@L' after '{}': {} policies need one, e.g. '{}@16'", body,
+                             scheme, body));
+    p.window = 1;
+  } else {
+    const std::string_view window = body.substr(at + 1);
+    p.window = parse_window(text, window);
+    if (p.scheme == DecodeScheme::conventional && p.window != 1)
+      fail(text, fmt::format("conventional decode is window 1 by definition, got '@{}'", window));
+  }
+
+  const std::size_t slash = formats_part.find('/');
+  if (p.scheme == DecodeScheme::split) {
+    if (slash == std::string_view::npos)
+      fail(text, fmt::format("split needs two formats 'READ/RECUR' (read format first), got '{}'", formats_part));
+    const std::string_view second = formats_part.substr(slash + 1);
+    if (second.find('/') != std::string_view::npos)
+      fail(text, fmt::format("split takes exactly two formats, got '{}'", formats_part));
+    p.read = parse_format(text, formats_part.substr(0, slash), formats::Rounding::rtn, "read");
+    p.recur = parse_format(text, second, formats::Rounding::sr, "recurrence");
+  } else {
+    if (slash != std::string_view::npos)
+      fail(text, fmt::format("only split policies take two formats 'READ/RECUR', got '{}' for {}", formats_part,
+                             scheme));
+    p.recur = parse_format(text, formats_part, formats::Rounding::rtn, "state");
+  }
+  return p;
+}
+
+std::string PrecisionPolicy::to_string() const {
+  std::string s;
+  switch (scheme) {
+    case DecodeScheme::conventional: s = "conv:" + format_to_string(recur); break;
+    case DecodeScheme::shared: s = fmt::format("shared:{}@{}", format_to_string(recur), window); break;
+    case DecodeScheme::split:
+      s = fmt::format("split:{}/{}@{}", format_to_string(read), format_to_string(recur), window);
+      break;
+  }
+  if (seed != 0) s += fmt::format(",seed={}", seed);
+  return s;
+}
+
+bool PrecisionPolicy::is_fp32_exact() const {
+  const bool recur32 = recur.format == formats::StorageFormat::fp32;
+  if (scheme == DecodeScheme::split) return recur32 && read.format == formats::StorageFormat::fp32;
+  return recur32;
+}
+
+}  // namespace replayssm::ssm

@@ -1,0 +1,178 @@
+// The teacher-forced emulator: O(1) (conventional, shared) or O(2) (split) state passes per
+// token and value head, no allocation inside the token loop. Value heads are independent here
+// (the K^T Q sharing of the literal decoders has no counterpart when states are kept running),
+// so each worker thread runs whole value heads through the whole sequence.
+#include "ssm/sequence_emulator.h"
+
+#include <algorithm>
+#include <exception>
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "ssm/recurrence.h"
+#include "ssm/state_quantizer.h"
+
+namespace replayssm::ssm {
+
+namespace {
+
+void validate(const HeadGroupSequence& in, const PrecisionPolicy& policy, const std::vector<float*>& out) {
+  check_shape({in.kind, in.dk, in.dv, in.n_value_heads});
+  const std::size_t G = static_cast<std::size_t>(in.n_value_heads);
+  if (in.n_tokens < 0) throw std::invalid_argument(fmt::format("emulate_sequence: n_tokens = {} < 0", in.n_tokens));
+  if (in.n_tokens > 0 && (in.q == nullptr || in.k == nullptr))
+    throw std::invalid_argument("emulate_sequence: q and k must be given");
+  if (in.alpha.size() != G || in.v.size() != G)
+    throw std::invalid_argument(fmt::format("emulate_sequence: {} value heads but {} alpha and {} v pointers", G,
+                                            in.alpha.size(), in.v.size()));
+  if (has_delta_rule(in.kind) ? in.beta.size() != G : !in.beta.empty())
+    throw std::invalid_argument(fmt::format("emulate_sequence: {} takes {} beta pointers, got {}",
+                                            to_string(in.kind), has_delta_rule(in.kind) ? G : 0, in.beta.size()));
+  if (out.size() != G)
+    throw std::invalid_argument(fmt::format("emulate_sequence: {} value heads but {} outputs", G, out.size()));
+  for (std::size_t g = 0; g < G; ++g)
+    if (in.n_tokens > 0 && (in.alpha[g] == nullptr || in.v[g] == nullptr || out[g] == nullptr ||
+                            (has_delta_rule(in.kind) && in.beta[g] == nullptr)))
+      throw std::invalid_argument(fmt::format("emulate_sequence: null pointer for value head {}", g));
+  if (policy.window < 1)
+    throw std::invalid_argument(fmt::format("emulate_sequence: window L = {} < 1", policy.window));
+  if (policy.scheme == DecodeScheme::conventional && policy.window != 1)
+    throw std::invalid_argument(
+        fmt::format("emulate_sequence: conventional decode is window 1, got {}", policy.window));
+  check_state_format(policy.recur, in.dv, in.dk);
+  if (policy.scheme == DecodeScheme::split) check_state_format(policy.read, in.dv, in.dk);
+  const uint64_t events = policy.scheme == DecodeScheme::conventional
+                              ? static_cast<uint64_t>(in.n_tokens)
+                              : static_cast<uint64_t>(in.n_tokens / policy.window);
+  if (events > kMaxStreamEvents)
+    throw std::invalid_argument(fmt::format("emulate_sequence: {} quantization events exceed the SR stream's {}",
+                                            events, kMaxStreamEvents));
+}
+
+// One value head through the whole sequence.
+class HeadEmulator {
+ public:
+  HeadEmulator(const HeadGroupSequence& in, const PrecisionPolicy& policy, HeadGroupId id, int g, float* out,
+               const EmulatorOptions& options)
+      : in_(in), policy_(policy), id_(id), g_(g), out_(out), options_(options) {
+    const int w = decay_width(in.kind, in.dk);
+    S_ = StateMatrix::Zero(in.dv, in.dk);
+    if (policy.scheme == DecodeScheme::split) S_hp_ = StateMatrix::Zero(in.dv, in.dk);
+    a_.resize(w);
+    v_.resize(in.dv);
+    k_.resize(in.dk);
+    q_.resize(in.dk);
+    u_.resize(in.dv);
+    o_.resize(in.dv);
+  }
+
+  void run() {
+    const int L = policy_.window, w = decay_width(in_.kind, in_.dk);
+    const bool delta = has_delta_rule(in_.kind);
+    int h = 0;
+    uint64_t event = 0;
+    for (int t = 0; t < in_.n_tokens; ++t) {
+      k_ = Eigen::Map<const Vector>(in_.k + static_cast<std::ptrdiff_t>(t) * in_.dk, in_.dk);
+      q_ = Eigen::Map<const Vector>(in_.q + static_cast<std::ptrdiff_t>(t) * in_.dk, in_.dk);
+      a_ = Eigen::Map<const Vector>(in_.alpha[g_] + static_cast<std::ptrdiff_t>(t) * w, w);
+      v_ = Eigen::Map<const Vector>(in_.v[g_] + static_cast<std::ptrdiff_t>(t) * in_.dv, in_.dv);
+      const float beta = delta ? in_.beta[g_][t] : 0.0f;
+      switch (policy_.scheme) {
+        case DecodeScheme::conventional:
+          plain_step(in_.kind, S_, a_, beta, v_, k_, u_, scratch_);
+          state_output(S_, q_, o_);
+          quantize_state(S_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event);
+          notify(t, S_, nullptr);
+          ++event;
+          break;
+        case DecodeScheme::shared:
+          plain_step(in_.kind, S_, a_, beta, v_, k_, u_, scratch_);  // S_run (GDN: u from S_run)
+          state_output(S_, q_, o_);
+          if (++h == L) {  // flush: the checkpoint is Q(S_run); the next window starts from it
+            quantize_state(S_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event);
+            notify(t, S_, nullptr);
+            ++event;
+            h = 0;
+          }
+          break;
+        case DecodeScheme::split:
+          if (++h < L) {  // non-flush: output from the LP running state; the HP one keeps pace
+            plain_step(in_.kind, S_, a_, beta, v_, k_, u_, scratch_);
+            state_output(S_, q_, o_);
+            plain_step(in_.kind, S_hp_, a_, beta, v_, k_, u_, scratch_);
+          } else {  // flush: output and both new checkpoints from the HP running state
+            plain_step(in_.kind, S_hp_, a_, beta, v_, k_, u_, scratch_);
+            state_output(S_hp_, q_, o_);
+            S_ = S_hp_;
+            quantize_state(S_, policy_.read, policy_.seed, id_, g_, CheckpointCopy::read, event);
+            quantize_state(S_hp_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event);
+            notify(t, S_hp_, &S_);
+            ++event;
+            h = 0;
+          }
+          break;
+      }
+      Eigen::Map<Vector>(out_ + static_cast<std::ptrdiff_t>(t) * in_.dv, in_.dv) = o_;
+    }
+  }
+
+ private:
+  void notify(int t, const StateMatrix& recur, const StateMatrix* read) {
+    if (options_.on_checkpoint) options_.on_checkpoint(g_, t, recur.data(), read ? read->data() : nullptr);
+  }
+
+  const HeadGroupSequence& in_;
+  const PrecisionPolicy& policy_;
+  HeadGroupId id_;
+  int g_;
+  float* out_;
+  const EmulatorOptions& options_;
+  StateMatrix S_;     // conventional: the stored state; shared: S_run; split: the LP running state
+  StateMatrix S_hp_;  // split: the HP running state
+  Vector a_, v_, k_, q_, u_, o_;
+  StepScratch scratch_;
+};
+
+}  // namespace
+
+void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy, HeadGroupId id,
+                      const std::vector<float*>& out) {
+  emulate_sequence(in, policy, id, out, EmulatorOptions{});
+}
+
+void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy, HeadGroupId id,
+                      const std::vector<float*>& out, const EmulatorOptions& options) {
+  validate(in, policy, out);
+  sr_stream(id, 0, CheckpointCopy::recur, 0);  // range-checks layer and key head up front
+  const int G = in.n_value_heads;
+  auto run_head = [&](int g) { HeadEmulator(in, policy, id, g, out[static_cast<std::size_t>(g)], options).run(); };
+
+  // Threads only where the work pays for them (~1M state element updates per head group).
+  const double work = static_cast<double>(in.n_tokens) * in.dk * in.dv * G;
+  int threads = options.max_threads > 0 ? options.max_threads
+                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::min(threads, G);
+  if (options.on_checkpoint || work < 1e6) threads = 1;
+  if (threads <= 1) {
+    for (int g = 0; g < G; ++g) run_head(g);
+    return;
+  }
+  std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
+  for (int i = 0; i < threads; ++i) {
+    pool.emplace_back([&, i] {
+      try {
+        for (int g = i; g < G; g += threads) run_head(g);
+      } catch (...) {
+        errors[static_cast<std::size_t>(i)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace replayssm::ssm
