@@ -17,6 +17,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   replayssm::cli::register_quantize(app);
   replayssm::cli::register_formats(app);
+  replayssm::cli::register_info(app);
+  replayssm::cli::register_logits(app);
+  replayssm::cli::register_traffic(app);
+  replayssm::cli::register_bench(app);
+  replayssm::cli::register_kl_sweep(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,32 @@
+#include "bench/bench_fill.h"
+
+#include "cuda_check.h"
+#include "formats/philox.h"
+
+namespace replayssm::cuda {
+namespace {
+__device__ float uniform_at(uint64_t seed, uint64_t i, float lo, float hi) {
+  const uint32_t r = formats::sr_random_word(seed, 0x5EEDull, i);
+  return lo + (hi - lo) * (static_cast<float>(r >> 8) * (1.0f / 16777216.0f));
+}
+__global__ void fill_kernel(float* p, std::size_t n, float lo, float hi, uint64_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    p[i] = uniform_at(seed, i, lo, hi);
+}
+__global__ void fill_bf16_kernel(__nv_bfloat16* p, std::size_t n, float lo, float hi, uint64_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16(uniform_at(seed, i, lo, hi));
+}
+}  // namespace
+
+void fill_uniform(float* p, std::size_t n, float lo, float hi, uint64_t seed, cudaStream_t stream) {
+  fill_kernel<<<2048, 256, 0, stream>>>(p, n, lo, hi, seed);
+  REPLAYSSM_CUDA_CHECK_LAUNCH();
+}
+void fill_uniform_bf16(__nv_bfloat16* p, std::size_t n, float lo, float hi, uint64_t seed, cudaStream_t stream) {
+  fill_bf16_kernel<<<2048, 256, 0, stream>>>(p, n, lo, hi, seed);
+  REPLAYSSM_CUDA_CHECK_LAUNCH();
+}
+}  // namespace replayssm::cuda

@@ -1,0 +1,316 @@
+// Decode-kernel benchmark: checks each kernel once on fresh random data, then times it with CUDA
+// events (warm-up, median of repeats) and reports bytes moved, GB/s, the share of the device-to-
+// device copy bandwidth measured in the same run, and the speed-up over the conventional kernel
+// measured in the same run. States are larger than the L2 cache for B >= 32; for small B the state
+// buffers rotate among copies so that every timed step reads DRAM, not L2.
+#include "bench/decode_bench.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "bench/bench_fill.h"
+#include "cuda_check.h"
+#include "ssm/decode_kernels.h"
+#include "ssm/model_shapes.h"
+
+namespace replayssm::cuda {
+namespace {
+
+using formats::StorageFormat;
+
+template <class T>
+struct Buffer {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  explicit Buffer(std::size_t count) : n(count) { REPLAYSSM_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(count, 1) * sizeof(T))); }
+  ~Buffer() { cudaFree(ptr); }
+  Buffer(const Buffer&) = delete;
+};
+
+struct Events {
+  cudaEvent_t a, b;
+  Events() {
+    REPLAYSSM_CUDA_CHECK(cudaEventCreate(&a));
+    REPLAYSSM_CUDA_CHECK(cudaEventCreate(&b));
+  }
+  ~Events() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median time in microseconds of `timed`, with `prepare` run before each repetition outside the
+// timed region.
+double time_us(int repeats, const std::function<void()>& timed, const std::function<void()>& prepare = {}) {
+  Events ev;
+  std::vector<double> samples;
+  for (int i = 0; i < repeats + 3; ++i) {
+    if (prepare) prepare();
+    REPLAYSSM_CUDA_CHECK(cudaEventRecord(ev.a));
+    timed();
+    REPLAYSSM_CUDA_CHECK(cudaEventRecord(ev.b));
+    REPLAYSSM_CUDA_CHECK(cudaEventSynchronize(ev.b));
+    float ms = 0;
+    REPLAYSSM_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.a, ev.b));
+    if (i >= 3) samples.push_back(1000.0 * ms);
+  }
+  return median(samples);
+}
+
+double measure_copy_gbps(int repeats) {
+  const std::size_t bytes = std::size_t{2} << 30;
+  Buffer<uint8_t> src(bytes), dst(bytes);
+  REPLAYSSM_CUDA_CHECK(cudaMemset(src.ptr, 1, bytes));
+  const double us = time_us(repeats, [&] { REPLAYSSM_CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice)); });
+  return 2.0 * bytes / (us * 1e-6) / 1e9;  // read + write
+}
+
+// Everything one (shape, B) configuration needs on the device.
+struct Workspace {
+  DecodeShape s;
+  SsmKind kind;
+  int copies;  // rotating state copies (small batches)
+  std::size_t state_elems;
+  std::unique_ptr<Buffer<float>> state;        // copies x fp32 states
+  std::unique_ptr<Buffer<uint8_t>> lp_payload;  // LP copy (largest format: fp16)
+  std::unique_ptr<Buffer<uint8_t>> lp_codes;
+  std::unique_ptr<Buffer<float>> lp_scales, lp_tensor;
+  std::unique_ptr<Buffer<__nv_bfloat16>> q, k, v, rec_k, rec_v;
+  std::unique_ptr<Buffer<float>> alpha, beta, out, rec_u, rec_a, rec_b;
+  std::unique_ptr<Buffer<WindowState>> win0, win1;
+  std::unique_ptr<Buffer<int>> accepted;
+  int capacity;
+
+  Workspace(SsmKind kd, const DecodeShape& shape, int max_window, int max_drafts) : s(shape), kind(kd) {
+    state_elems = s.heads() * s.head_elements();
+    const std::size_t state_bytes = state_elems * 4;
+    copies = static_cast<int>(std::clamp<std::size_t>((std::size_t{512} << 20) / state_bytes, 1, 16));
+    state = std::make_unique<Buffer<float>>(state_elems * copies);
+    fill_uniform(state->ptr, state->n, -0.5f, 0.5f, 1);
+    lp_payload = std::make_unique<Buffer<uint8_t>>(state_elems * 2 * copies);
+    lp_codes = std::make_unique<Buffer<uint8_t>>(state_elems / 16 * copies);
+    lp_scales = std::make_unique<Buffer<float>>(state_elems / 128 * copies);
+    lp_tensor = std::make_unique<Buffer<float>>(s.heads() * copies);
+    REPLAYSSM_CUDA_CHECK(cudaMemset(lp_payload->ptr, 0x11, lp_payload->n));
+    REPLAYSSM_CUDA_CHECK(cudaMemset(lp_codes->ptr, 0x30, lp_codes->n));
+    fill_uniform(lp_scales->ptr, lp_scales->n, 1e-3f, 2e-3f, 2);
+    fill_uniform(lp_tensor->ptr, lp_tensor->n, 1e-3f, 2e-3f, 3);
+    const std::size_t T = max_drafts;
+    q = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * T * s.key_heads * s.dk);
+    k = std::make_unique<Buffer<__nv_bfloat16>>(q->n);
+    v = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * T * s.value_heads * s.dv);
+    alpha = std::make_unique<Buffer<float>>(s.batch * T * s.value_heads);
+    beta = std::make_unique<Buffer<float>>(alpha->n);
+    out = std::make_unique<Buffer<float>>(v->n);
+    fill_uniform_bf16(q->ptr, q->n, -0.09f, 0.09f, 4);  // |q|, |k| ~ unit norm at dk = 128
+    fill_uniform_bf16(k->ptr, k->n, -0.09f, 0.09f, 5);
+    fill_uniform_bf16(v->ptr, v->n, -1.0f, 1.0f, 6);
+    fill_uniform(alpha->ptr, alpha->n, 0.9f, 0.999f, 7);
+    fill_uniform(beta->ptr, beta->n, 0.1f, 0.9f, 8);
+    capacity = std::max(max_window, max_drafts) + max_drafts;
+    rec_k = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * capacity * s.key_heads * s.dk);
+    rec_v = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * capacity * s.value_heads * s.dv);
+    rec_u = std::make_unique<Buffer<float>>(rec_v->n);
+    rec_a = std::make_unique<Buffer<float>>(s.batch * capacity * s.value_heads);
+    rec_b = std::make_unique<Buffer<float>>(rec_a->n);
+    fill_uniform_bf16(rec_k->ptr, rec_k->n, -0.09f, 0.09f, 9);
+    fill_uniform_bf16(rec_v->ptr, rec_v->n, -1.0f, 1.0f, 10);
+    fill_uniform(rec_u->ptr, rec_u->n, -1.0f, 1.0f, 11);
+    fill_uniform(rec_a->ptr, rec_a->n, 0.9f, 0.999f, 12);
+    fill_uniform(rec_b->ptr, rec_b->n, 0.1f, 0.9f, 13);
+    win0 = std::make_unique<Buffer<WindowState>>(s.batch);
+    win1 = std::make_unique<Buffer<WindowState>>(s.batch);
+    accepted = std::make_unique<Buffer<int>>(s.batch);
+  }
+
+  StepInputs inputs() const { return {q->ptr, k->ptr, v->ptr, alpha->ptr, beta->ptr, out->ptr}; }
+  DeviceState fp32_state(int copy) const {
+    DeviceState d;
+    d.payload = reinterpret_cast<uint8_t*>(state->ptr + state_elems * copy);
+    return d;
+  }
+  DeviceState lp_state(StorageFormat f, int copy) const {
+    DeviceState d;
+    d.format = f;
+    d.payload = lp_payload->ptr + state_elems * 2 * copy;
+    d.scale_codes = f == StorageFormat::nvfp4 ? lp_codes->ptr + state_elems / 16 * copy : nullptr;
+    d.block_scales = f == StorageFormat::fp8b128 ? lp_scales->ptr + state_elems / 128 * copy : nullptr;
+    d.tensor_scales = f == StorageFormat::nvfp4 ? lp_tensor->ptr + s.heads() * copy : nullptr;
+    return d;
+  }
+  DeviceRecords records() const {
+    DeviceRecords r;
+    r.capacity = capacity;
+    r.k = rec_k->ptr, r.v = rec_v->ptr, r.u = rec_u->ptr, r.alpha = rec_a->ptr, r.beta = rec_b->ptr;
+    r.window[0] = win0->ptr, r.window[1] = win1->ptr;
+    return r;
+  }
+  // Every sequence at window position h (records [0, h) hold random data).
+  void set_windows(std::function<int(int)> h_of, cudaStream_t stream = nullptr) {
+    std::vector<WindowState> w(s.batch);
+    for (int b = 0; b < s.batch; ++b) w[b].h = h_of(b);
+    REPLAYSSM_CUDA_CHECK(cudaMemcpyAsync(win0->ptr, w.data(), w.size() * sizeof(WindowState), cudaMemcpyHostToDevice, stream));
+    REPLAYSSM_CUDA_CHECK(cudaMemcpyAsync(win1->ptr, w.data(), w.size() * sizeof(WindowState), cudaMemcpyHostToDevice, stream));
+  }
+};
+
+// Bytes a step must move (each input read once, each output written once).
+struct ByteModel {
+  const DecodeShape& s;
+  SsmKind kind;
+  double state() const { return 4.0 * s.heads() * s.head_elements(); }
+  double lp_state(StorageFormat f) const { return static_cast<double>(s.heads()) * formats::storage_bytes(f, s.dv, s.dk); }
+  double inputs(int T = 1) const {
+    return T * s.batch * (2.0 * 2 * s.key_heads * s.dk + s.value_heads * (2.0 * s.dv + 4 + 4 + 4.0 * s.dv));
+  }
+  // One record per head: v (bf16), a, and for GDN u (fp32) and b; the key once per key head.
+  double record() const {
+    return s.batch * (2.0 * s.key_heads * s.dk + s.value_heads * (2.0 * s.dv + 4 + (kind == SsmKind::gdn ? 4.0 * s.dv + 4 : 0)));
+  }
+  double conventional() const { return 2 * state() + inputs(); }
+  // Non-flush step at window position h0 (h0 records read, one written) reading a checkpoint of `read` bytes.
+  double nonflush(int h0, double read) const { return read + inputs() + (h0 + 1) * record(); }
+  double flush(int L) const { return 2 * state() + inputs() + L * record(); }
+  double window(int L, double read) const {
+    double b = flush(L);
+    for (int h0 = 0; h0 < L - 1; ++h0) b += nonflush(h0, read);
+    return b;
+  }
+};
+
+struct Row {
+  std::string model, kernel;
+  int batch, param;
+  double us, bytes, gbps, pct_copy, speedup;
+};
+
+}  // namespace
+
+int run_decode_bench(const BenchOptions& o) {
+  cudaDeviceProp prop{};
+  REPLAYSSM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const double copy_gbps = measure_copy_gbps(o.repeats);
+  std::printf("# replayssm bench on %s (%d SMs, L2 %d MB): device-to-device copy %.0f GB/s (read+write)\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbps);
+  std::vector<Row> rows;
+  auto add = [&](const ssm::ModelShape& m, std::string kernel, int B, int param, double us, double bytes, double conv_us) {
+    const double gbps = bytes / (us * 1e-6) / 1e9;
+    rows.push_back({std::string(m.short_name), std::move(kernel), B, param, us, bytes, gbps, 100.0 * gbps / copy_gbps,
+                    conv_us / us});
+    const Row& r = rows.back();
+    std::printf("| %-18s | %-34s | %4d | %3d | %9.2f | %9.2f | %7.0f | %5.1f%% | %5.2fx |\n", r.model.c_str(),
+                r.kernel.c_str(), r.batch, r.param, r.us, r.bytes / 1e6, r.gbps, r.pct_copy, r.speedup);
+    std::fflush(stdout);
+  };
+  std::printf("| model | kernel | B | L/T | us/step | MB/step | GB/s | %% copy | vs conv |\n|---|---|---|---|---|---|---|---|---|\n");
+  const int max_window = *std::max_element(o.windows.begin(), o.windows.end());
+  const int max_drafts = *std::max_element(o.drafts.begin(), o.drafts.end());
+  for (const std::string& name : o.shapes) {
+    const ssm::ModelShape& m = ssm::find_shape(name);
+    const SsmKind kind = m.kind == ssm::Recurrence::mamba2 ? SsmKind::mamba2 : SsmKind::gdn;
+    for (int B : o.batches) {
+      const DecodeShape s{B, m.key_heads, m.value_heads, m.dk, m.dv};
+      Workspace ws(kind, s, max_window, max_drafts);
+      const ByteModel bm{s, kind};
+      int copy = 0;
+      auto next_copy = [&] { copy = (copy + 1) % ws.copies; return copy; };
+      // Conventional FP32 (the bar).
+      const double conv_us = time_us(o.repeats, [&] { conventional_step(kind, s, ws.inputs(), ws.fp32_state(next_copy()), nullptr); });
+      add(m, "conventional fp32", B, 1, conv_us, bm.conventional(), conv_us);
+      for (StorageFormat f : {StorageFormat::fp16, StorageFormat::bf16}) {
+        DeviceState st = ws.lp_state(f, 0);
+        const double us = time_us(o.repeats, [&] {
+          st = ws.lp_state(f, next_copy());
+          conventional_step(kind, s, ws.inputs(), st, nullptr);
+        });
+        add(m, fmt::format("conventional {}", formats::to_string(f)), B, 1, us,
+            2 * bm.lp_state(f) + bm.inputs(), conv_us);
+      }
+      for (int L : o.windows) {
+        ReplayConfig cfg;
+        cfg.window = L;
+        // Whole windows, sequences staggered (h_b = b mod L): every step has B/L flushing sequences.
+        auto run_window = [&](const ReplayConfig& c) {
+          DeviceRecords rec = ws.records();
+          for (int t = 0; t < L; ++t) replay_step(kind, s, ws.inputs(), c, rec, nullptr);
+        };
+        cfg.hp = ws.fp32_state(0);
+        const double staggered = time_us(std::max(3, o.repeats / 3), [&] { cfg.hp = ws.fp32_state(next_copy()); run_window(cfg); },
+                                         [&] { ws.set_windows([&](int b) { return b % L; }); }) / L;
+        add(m, "replay fp32 (staggered windows)", B, L, staggered, bm.window(L, bm.state()) / L, conv_us);
+        // Aligned: one non-flush step (h0 = L/2) and one flush step, timed separately.
+        auto one_step = [&](const ReplayConfig& c, int h0) {
+          return time_us(o.repeats, [&] {
+            DeviceRecords rec = ws.records();
+            replay_step(kind, s, ws.inputs(), c, rec, nullptr);
+          }, [&] { ws.set_windows([&](int) { return h0; }); });
+        };
+        const double nf32 = one_step(cfg, L / 2);
+        const double fl = one_step(cfg, L - 1);
+        add(m, "replay fp32 non-flush step", B, L, nf32, bm.nonflush(L / 2, bm.state()), conv_us);
+        add(m, "replay fp32 flush step", B, L, fl, bm.flush(L), conv_us);
+        add(m, "replay fp32 amortised ((L-1)nf+f)/L", B, L, ((L - 1) * nf32 + fl) / L, bm.window(L, bm.state()) / L, conv_us);
+        for (StorageFormat f : {StorageFormat::fp16, StorageFormat::fp8b128, StorageFormat::nvfp4}) {
+          ReplayConfig split = cfg;
+          split.lp = ws.lp_state(f, 0);
+          const double us = time_us(o.repeats, [&] {
+            const int c = next_copy();
+            split.hp = ws.fp32_state(c);
+            split.lp = ws.lp_state(f, c);
+            DeviceRecords rec = ws.records();
+            replay_step(kind, s, ws.inputs(), split, rec, nullptr);
+          }, [&] { ws.set_windows([&](int) { return L / 2; }); });
+          add(m, fmt::format("non-flush read {} (x over fp32 read)", formats::to_string(f)), B, L, us,
+              bm.nonflush(L / 2, bm.lp_state(f)), nf32);
+        }
+      }
+      // Speculative verification at L = 16: output-only (no flush: h = 0; flush: h = 16 - T + 1)
+      // against the snapshot baseline (1 read + T writes).
+      std::unique_ptr<Buffer<float>> snaps;
+      for (int T : o.drafts) {
+        ReplayConfig cfg;
+        cfg.window = 16;
+        cfg.hp = ws.fp32_state(0);
+        auto verify_at = [&](int h0) {
+          return time_us(o.repeats, [&] {
+            cfg.hp = ws.fp32_state(next_copy());
+            DeviceRecords rec = ws.records();
+            verify_step(kind, s, T, ws.inputs(), cfg, rec, nullptr);
+          }, [&] { ws.set_windows([&](int) { return h0; }); });
+        };
+        const double v0 = verify_at(0);
+        add(m, "verify output-only (no flush)", B, T, v0, bm.state() + bm.inputs(T) + T * bm.record(), conv_us);
+        const double v1 = verify_at(16 - T + 1);
+        add(m, "verify output-only (with flush)", B, T, v1, 2 * bm.state() + bm.inputs(T) + 16 * bm.record(), conv_us);
+        if (!snaps || snaps->n < ws.state_elems * T) snaps = std::make_unique<Buffer<float>>(ws.state_elems * max_drafts);
+        const double sv = time_us(o.repeats, [&] {
+          snapshot_verify_step(kind, s, T, ws.inputs(), ws.state->ptr + ws.state_elems * next_copy(), snaps->ptr, nullptr);
+        });
+        add(m, "verify snapshot baseline (1R + T W)", B, T, sv, (1.0 + T) * bm.state() + bm.inputs(T), conv_us);
+      }
+    }
+  }
+  if (!o.csv_out.empty()) {
+    std::ofstream csv(o.csv_out);
+    csv << "model,kernel,batch,param,us_per_step,bytes_per_step,gbps,pct_copy,speedup_vs_reference,copy_gbps\n";
+    for (const Row& r : rows)
+      csv << fmt::format("{},{},{},{},{:.3f},{:.0f},{:.1f},{:.2f},{:.4f},{:.1f}\n", r.model, r.kernel, r.batch, r.param, r.us,
+                         r.bytes, r.gbps, r.pct_copy, r.speedup, copy_gbps);
+  }
+  return 0;
+}
+
+}  // namespace replayssm::cuda

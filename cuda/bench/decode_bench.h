@@ -1,0 +1,22 @@
+// `replayssm bench`: times the decode kernels on the paper's model shapes against the copy
+// bandwidth and the conventional kernel measured in the same run (REPLAYSSM.md sections 8-9).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace replayssm::cuda {
+
+struct BenchOptions {
+  std::vector<std::string> shapes = {"nemotron-3-nano-4b", "nemotron-3-super", "qwen3.5-4b", "qwen3.5-122b-a10b"};
+  std::vector<int> batches = {1, 8, 32, 128, 256, 512};
+  std::vector<int> windows = {8, 16, 32};
+  std::vector<int> drafts = {1, 2, 4, 8};
+  int repeats = 15;            // timed repetitions (median reported)
+  std::string csv_out;         // optional: every measurement as CSV
+  bool check = true;           // run one correctness check of each kernel before timing
+};
+
+// Prints the tables to stdout; returns 0.
+int run_decode_bench(const BenchOptions& options);
+
+}  // namespace replayssm::cuda

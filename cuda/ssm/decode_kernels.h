@@ -1,0 +1,108 @@
+// CUDA decode kernels for Mamba-2 and Gated DeltaNet (REPLAYSSM.md sections 2-4), a batch of B
+// sequences, all heads, one launch per decode step:
+//
+//   conventional_step      read S, update, output, write S (the baseline: FP32, FP16 or BF16 state)
+//   replay_step            ReplaySSM standard decode (Algorithms 1 and 4; Algorithm 3 with a separate
+//                          low-precision read checkpoint). Each sequence keeps its window position h
+//                          and ring start on the device, so sequences at different positions share a
+//                          launch: a block whose sequence reaches h == L flushes (replays the window
+//                          from the HP checkpoint, writes HP and, if split, the LP copy); other blocks
+//                          run the output-only form from the read checkpoint.
+//   verify_step            speculative verification of T drafts (Algorithm 2; GDN with the T x T
+//                          unit-triangular UT solve): output-only, flush first when h + T > L.
+//   commit_step            h <- h + a (pointer rollback by accepted length, a on the device).
+//   snapshot_verify_step   the vLLM-style baseline: T sequential steps writing T state snapshots.
+//
+// Layouts (row-major, value head major): q, k [B][G][dk] and v [B][H][dv] in bf16 (activations of a
+// bf16 model), decays and betas [B][H] fp32, outputs [B][H][dv] fp32, states [B][H][dv][dk] in the
+// container layout of formats::QuantizedMatrix per head. Records (ring of `capacity` slots per
+// sequence): k [B][cap][G][dk] bf16, v [B][cap][H][dv] bf16, u [B][cap][H][dv] fp32 (GDN), a and b
+// [B][cap][H] fp32. Bytes per record and head: Mamba-2 2dv + 4 (+ 2dk per key head); GDN adds the
+// fp32 u (4dv) and b (4): GDN records keep u in fp32 so replay equals conventional to fp32 rounding.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "formats/quantized_matrix.h"
+
+namespace replayssm::cuda {
+
+enum class SsmKind : uint8_t { mamba2, gdn };
+
+struct DecodeShape {
+  int batch = 1, key_heads = 1, value_heads = 1, dk = 128, dv = 64;
+  int heads_per_group() const { return value_heads / key_heads; }
+  std::size_t head_elements() const { return static_cast<std::size_t>(dv) * dk; }
+  std::size_t heads() const { return static_cast<std::size_t>(batch) * value_heads; }
+};
+
+// One stored copy of the state of every (sequence, value head), in one format.
+struct DeviceState {
+  formats::StorageFormat format = formats::StorageFormat::fp32;
+  uint8_t* payload = nullptr;            // heads x storage of one dv x dk matrix (codes)
+  uint8_t* scale_codes = nullptr;        // nvfp4: heads x (dv*dk/16)
+  float* block_scales = nullptr;         // fp8b128: heads x (dv*dk/128)
+  float* tensor_scales = nullptr;        // nvfp4: heads
+};
+
+struct StepInputs {
+  const __nv_bfloat16* q = nullptr;  // [B][G][dk]   (T drafts: [B][T][G][dk])
+  const __nv_bfloat16* k = nullptr;
+  const __nv_bfloat16* v = nullptr;  // [B][H][dv]   (T drafts: [B][T][H][dv])
+  const float* alpha = nullptr;      // [B][H]       (T drafts: [B][T][H])
+  const float* beta = nullptr;       // GDN only
+  float* out = nullptr;              // [B][H][dv]   (T drafts: [B][T][H][dv])
+};
+
+// Per-sequence window bookkeeping. Kept on the device in two copies (ping-pong): a step reads one
+// and writes the other, so every block of a sequence reads the same value with no host round trip
+// and no race; the launchers flip `parity`.
+struct WindowState {
+  int h = 0;              // committed records in the window
+  int start = 0;          // ring slot of window position 0
+  uint32_t flushes = 0;   // checkpoint writes so far (stochastic-rounding event counter)
+  int reserved = 0;
+};
+
+struct DeviceRecords {
+  int capacity = 0;
+  __nv_bfloat16* k = nullptr;
+  __nv_bfloat16* v = nullptr;
+  float* u = nullptr;      // GDN corrections
+  float* alpha = nullptr;
+  float* beta = nullptr;   // GDN
+  WindowState* window[2] = {nullptr, nullptr};
+  int parity = 0;          // window[parity] is current
+};
+
+struct ReplayConfig {
+  int window = 16;                  // L
+  DeviceState hp;                   // carries the recurrence (fp32, or fp16 with SR)
+  DeviceState lp;                   // read by non-flush steps when split (format fp32 = shared: read hp)
+  bool split() const { return lp.payload != nullptr; }
+  formats::Rounding hp_rounding = formats::Rounding::rtn;
+  uint64_t seed = 0;                // SR seed; streams: ssm::sr_stream with layer = sequence index
+};
+
+void conventional_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, DeviceState state,
+                       cudaStream_t stream);
+
+// One standard decode step for every sequence; advances each sequence's window (flips parity).
+void replay_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
+                 DeviceRecords& records, cudaStream_t stream);
+
+// Speculative verification of T drafts (T <= 8): outputs for the T positions, draft records
+// written after the committed ones, flush when h + T > L. FP32 checkpoint (shared) only.
+void verify_step(SsmKind kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
+                 DeviceRecords& records, cudaStream_t stream);
+// h[b] += accepted[b] for every sequence (1 <= accepted <= T): pointer rollback, nothing copied.
+void commit_step(const DecodeShape& shape, const int* accepted, DeviceRecords& records, cudaStream_t stream);
+
+// Baseline: T sequential updates from the state, writing each intermediate state to
+// snapshots[s] (T full FP32 states) and the outputs.
+void snapshot_verify_step(SsmKind kind, const DecodeShape& shape, int drafts, const StepInputs& in,
+                          const float* state, float* snapshots, cudaStream_t stream);
+
+}  // namespace replayssm::cuda

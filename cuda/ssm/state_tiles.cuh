@@ -1,0 +1,229 @@
+// How a warp walks a dv x dk state matrix: each lane owns pieces of E consecutive elements (one
+// 16-byte load), LPR lanes cover a row of dk, so a warp covers RW = 32/LPR rows per iteration and
+// a 256-thread block covers the head. Row-dot products reduce over the LPR lanes of a row.
+// Formats are decoded on the fly with CUDA's exact conversions (checked against ours on every code):
+//   fp32 E=4, fp16/bf16 E=8, fp8b128 E=16 (one scale per 128 = per row chunk), nvfp4 E=32 (two block
+//   scales per piece; the block scale and the tensor scale are applied to partial dot products, not
+//   per element — the same value up to fp32 summation order).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "formats/block_scaled.h"
+#include "ssm/decode_kernels.h"
+
+namespace replayssm::cuda::detail {
+
+using formats::StorageFormat;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+template <StorageFormat F>
+struct FormatTraits;
+template <>
+struct FormatTraits<StorageFormat::fp32> {
+  static constexpr int kElementsPerPiece = 4;
+};
+template <>
+struct FormatTraits<StorageFormat::fp16> {
+  static constexpr int kElementsPerPiece = 8;
+};
+template <>
+struct FormatTraits<StorageFormat::bf16> {
+  static constexpr int kElementsPerPiece = 8;
+};
+template <>
+struct FormatTraits<StorageFormat::fp8b128> {
+  static constexpr int kElementsPerPiece = 16;
+};
+template <>
+struct FormatTraits<StorageFormat::nvfp4> {
+  static constexpr int kElementsPerPiece = 32;
+};
+
+// Lane geometry for a format and a head dimension DK (a power of two, 64..256).
+template <StorageFormat F, int DK>
+struct Tile {
+  static constexpr int E = FormatTraits<F>::kElementsPerPiece;
+  static constexpr int kPiecesPerRow = DK / E;
+  static constexpr int LPR = kPiecesPerRow < 32 ? kPiecesPerRow : 32;  // lanes per row
+  static constexpr int P = kPiecesPerRow / LPR;                        // pieces per lane
+  static constexpr int RW = 32 / LPR;                                  // rows per warp iteration
+  static_assert(DK % E == 0 && LPR >= 1 && P >= 1, "unsupported head dimension for this format");
+  __device__ static int row_in_iteration(int lane) { return lane / LPR; }
+  // First column of piece p of this lane.
+  __device__ static int col(int lane, int p) { return ((lane % LPR) + p * LPR) * E; }
+};
+
+// Sum over the LPR lanes that share a row (all of them get the sum).
+template <int LPR>
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+  for (int off = LPR / 2; off > 0; off /= 2) x += __shfl_xor_sync(kFullMask, x, off);
+  return x;
+}
+template <int LPR>
+__device__ __forceinline__ float row_max(float x) {
+#pragma unroll
+  for (int off = LPR / 2; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, off));
+  return x;
+}
+
+__device__ __forceinline__ void load_bf16x4(const __nv_bfloat16* p, float* out) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  out[0] = a.x;
+  out[1] = a.y;
+  out[2] = b.x;
+  out[3] = b.y;
+}
+
+__host__ __device__ __forceinline__ int storage_element_bits(StorageFormat f) {
+  switch (f) {
+    case StorageFormat::fp32: return 32;
+    case StorageFormat::fp16:
+    case StorageFormat::bf16: return 16;
+    case StorageFormat::e4m3:
+    case StorageFormat::fp8b128: return 8;
+    default: return 4;
+  }
+}
+
+// One head's copy of the state in one format.
+struct HeadView {
+  uint8_t* payload;
+  uint8_t* scale_codes;
+  float* block_scales;
+  float tensor_scale;
+  float* tensor_scale_out;
+};
+
+__device__ __forceinline__ HeadView head_view(const DeviceState& s, std::size_t head, int dv, int dk) {
+  const std::size_t n = static_cast<std::size_t>(dv) * dk;
+  HeadView v;
+  v.payload = s.payload + head * (n * storage_element_bits(s.format) / 8);
+  v.scale_codes = s.scale_codes ? s.scale_codes + head * (n / formats::kNvfp4BlockSize) : nullptr;
+  v.block_scales = s.block_scales ? s.block_scales + head * (n / formats::kFp8BlockSize) : nullptr;
+  v.tensor_scale_out = s.tensor_scales ? s.tensor_scales + head : nullptr;
+  v.tensor_scale = s.tensor_scales ? s.tensor_scales[head] : 1.0f;
+  return v;
+}
+
+// Decoded values of one piece (E elements), exactly as formats::dequantize_matrix (fp32/fp16/bf16/
+// fp8b128). Not provided for nvfp4: use dot_piece.
+template <StorageFormat F, int DK>
+__device__ __forceinline__ void load_piece(const HeadView& h, int row, int col, float* x) {
+  const std::size_t i = static_cast<std::size_t>(row) * DK + col;
+  if constexpr (F == StorageFormat::fp32) {
+    const float4 v = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(h.payload) + i);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else if constexpr (F == StorageFormat::fp16 || F == StorageFormat::bf16) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(h.payload + 2 * i);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float2 f;
+      if constexpr (F == StorageFormat::fp16)
+        f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+      else
+        f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+      x[2 * j] = f.x, x[2 * j + 1] = f.y;
+    }
+  } else if constexpr (F == StorageFormat::fp8b128) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(h.payload + i);
+    const float s = h.block_scales[i / formats::kFp8BlockSize];
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const __half2_raw hr =
+            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] >> (16 * half)), __NV_E4M3);
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+        x[4 * j + 2 * half] = f.x * s, x[4 * j + 2 * half + 1] = f.y * s;
+      }
+    }
+  }
+}
+
+// Two E2M1 codes (one byte, element 2i in the low nibble) as an fp16 pair scaled by 2^-14:
+// fp16 bits (sign << 15) | (magnitude << 9) put E2M1's exponent and mantissa in place.
+__device__ __forceinline__ float2 e2m1x2_to_float2(uint32_t byte) {
+  const uint32_t lo = ((byte & 0x7u) << 9) | ((byte & 0x8u) << 12);
+  const uint32_t hi = ((byte & 0x70u) << 21) | ((byte & 0x80u) << 24);
+  const uint32_t bits = lo | hi;
+  const __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&bits), __half2(__float2half(16384.0f), __float2half(16384.0f)));
+  return __half22float2(h);
+}
+
+// Partial dot products of one piece with NV vectors given for the lane's columns (vec[v][e]).
+// Returns per-vector partial sums in `acc` (added).
+template <StorageFormat F, int DK, int NV>
+__device__ __forceinline__ void dot_piece(const HeadView& h, int row, int col, const float (*vec)[FormatTraits<F>::kElementsPerPiece],
+                                          float* acc) {
+  constexpr int E = FormatTraits<F>::kElementsPerPiece;
+  if constexpr (F == StorageFormat::nvfp4) {
+    const std::size_t i = static_cast<std::size_t>(row) * DK + col;
+    const uint4 raw = *reinterpret_cast<const uint4*>(h.payload + i / 2);
+    const uint16_t sc = *reinterpret_cast<const uint16_t*>(h.scale_codes + i / formats::kNvfp4BlockSize);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk) {
+      const __half_raw sr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sc >> (8 * blk)), __NV_E4M3);
+      float sb = __half2float(*reinterpret_cast<const __half*>(&sr));
+      if ((sc >> (8 * blk) & 0xFFu) == formats::kE4m3NanCode) sb = __int_as_float(0x7FC00000);
+      float part[NV];
+#pragma unroll
+      for (int v = 0; v < NV; ++v) part[v] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t word = w[2 * blk + j];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const float2 f = e2m1x2_to_float2(word >> (8 * b));
+          const int e = 16 * blk + 8 * j + 2 * b;
+#pragma unroll
+          for (int v = 0; v < NV; ++v) part[v] = fmaf(f.y, vec[v][e + 1], fmaf(f.x, vec[v][e], part[v]));
+        }
+      }
+#pragma unroll
+      for (int v = 0; v < NV; ++v) acc[v] = fmaf(part[v], sb * h.tensor_scale, acc[v]);
+    }
+  } else if constexpr (F == StorageFormat::fp8b128) {
+    // The block scale is common to the piece: multiply the partial sum once.
+    const std::size_t i = static_cast<std::size_t>(row) * DK + col;
+    const uint4 raw = *reinterpret_cast<const uint4*>(h.payload + i);
+    const float s = h.block_scales[i / formats::kFp8BlockSize];
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    float part[NV];
+#pragma unroll
+    for (int v = 0; v < NV; ++v) part[v] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const __half2_raw hr =
+            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] >> (16 * half)), __NV_E4M3);
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+        const int e = 4 * j + 2 * half;
+#pragma unroll
+        for (int v = 0; v < NV; ++v) part[v] = fmaf(f.y, vec[v][e + 1], fmaf(f.x, vec[v][e], part[v]));
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < NV; ++v) acc[v] = fmaf(part[v], s, acc[v]);
+  } else {
+    float x[E];
+    load_piece<F, DK>(h, row, col, x);
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+#pragma unroll
+      for (int v = 0; v < NV; ++v) acc[v] = fmaf(x[e], vec[v][e], acc[v]);
+  }
+}
+
+}  // namespace replayssm::cuda::detail

@@ -1,0 +1,33 @@
+// replayssm bench: times the CUDA decode kernels (see cuda/bench/decode_bench.h).
+#include <stdexcept>
+
+#include "cli/commands.h"
+#if REPLAYSSM_WITH_CUDA
+#include "bench/decode_bench.h"
+#endif
+
+namespace replayssm::cli {
+
+void register_bench(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand(
+      "bench",
+      "Time the CUDA decode kernels (conventional, ReplaySSM standard decode, low-precision reads,\n"
+      "speculative verification) on the paper's model shapes, against the measured copy bandwidth\n"
+      "and the conventional kernel of the same run. Needs a CUDA build and a GPU.");
+#if REPLAYSSM_WITH_CUDA
+  auto o = std::make_shared<cuda::BenchOptions>();
+  cmd->add_option("--shapes", o->shapes, "model shapes (replayssm traffic --shape all lists them)")->capture_default_str();
+  cmd->add_option("--batch", o->batches, "batch sizes B")->capture_default_str();
+  cmd->add_option("--window", o->windows, "windows L")->capture_default_str();
+  cmd->add_option("--drafts", o->drafts, "draft counts T for verification (1, 2, 4, 8)")->capture_default_str();
+  cmd->add_option("--repeats", o->repeats, "timed repetitions per measurement (median reported)")->capture_default_str();
+  cmd->add_option("--csv", o->csv_out, "also write every measurement as CSV");
+  cmd->callback([o] { cuda::run_decode_bench(*o); });
+#else
+  cmd->callback([] {
+    throw std::runtime_error("this build has no CUDA kernels: configure with -DREPLAYSSM_CUDA=ON on a machine with nvcc");
+  });
+#endif
+}
+
+}  // namespace replayssm::cli

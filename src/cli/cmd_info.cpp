@@ -1,0 +1,24 @@
+// replayssm info MODEL_DIR: architecture, layer pattern, SSM head shapes and parameter count of a
+// Hugging Face checkpoint. Validates config.json and every tensor's presence, dtype and shape
+// without reading weight data, so it is cheap on large checkpoints.
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "model/causal_lm.h"
+
+namespace replayssm::cli {
+
+void register_info(CLI::App& app) {
+  auto dir = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand(
+      "info",
+      "Describe a Hugging Face checkpoint directory (config.json + model.safetensors or sharded index):\n"
+      "architecture, layer pattern (M Mamba-2, G Gated DeltaNet, * attention, - MLP), SSM head shapes\n"
+      "(key heads, value heads, dk, dv) and parameter count. Supported model_type: mamba2, nemotron_h,\n"
+      "qwen3_5 / qwen3_5_text.");
+  cmd->add_option("MODEL_DIR", *dir, "model directory")->required();
+  cmd->callback([dir] { std::cout << model::CausalLM::inspect(*dir).describe(); });
+}
+
+}  // namespace replayssm::cli

@@ -1,0 +1,179 @@
+// replayssm logits MODEL_DIR --tokens ids.npy [--policy P] --out logprobs.npy
+// Teacher-forced forward on the CPU: row t of the output is the model's next-token
+// log-probability distribution after tokens[0..t] (float32, N x vocab), with every SSM layer's
+// state stored and decoded under the precision policy. The output is streamed to a temporary
+// file in the same directory, chunk by chunk, then renamed (atomic; never held in memory whole).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "io/npy.h"
+#include "model/causal_lm.h"
+
+namespace replayssm::cli {
+namespace {
+
+struct LogitsOptions {
+  std::string model_dir, tokens, out, policy = "conv:fp32";
+  std::vector<std::string> layer_policies;
+  int threads = 0, chunk = 256;
+  bool raw = false, verbose = false;
+};
+
+std::vector<int64_t> read_tokens(const std::string& path) {
+  const io::NpyArray a = io::read_npy(path);
+  if (a.shape.size() != 1 && !(a.shape.size() == 2 && a.shape[0] == 1))
+    throw std::runtime_error(
+        fmt::format("{}: token ids must be a 1-D array (or 1 x N), got {} dimensions", path, a.shape.size()));
+  const std::size_t n = a.element_count();
+  if (n == 0) throw std::runtime_error(fmt::format("{}: no token ids", path));
+  std::vector<int64_t> t(n);
+  if (a.dtype == "<i8") {
+    std::memcpy(t.data(), a.data.data(), n * 8);
+  } else if (a.dtype == "<i4") {
+    for (std::size_t i = 0; i < n; ++i) {
+      int32_t v;
+      std::memcpy(&v, a.data.data() + 4 * i, 4);
+      t[i] = v;
+    }
+  } else {
+    throw std::runtime_error(
+        fmt::format("{}: dtype is '{}', expected int32 ('<i4') or int64 ('<i8') token ids", path, a.dtype));
+  }
+  return t;
+}
+
+// Streams a float32 C-order .npy (format 1.0) to a temporary file, renamed on finish().
+class NpyStreamWriter {
+ public:
+  NpyStreamWriter(std::string path, std::size_t rows, std::size_t cols) : path_(std::move(path)) {
+    const std::filesystem::path p(path_);
+    tmp_ = (p.parent_path() / fmt::format(".{}.tmp.{}", p.filename().string(), ::getpid())).string();
+    f_ = std::fopen(tmp_.c_str(), "wb");
+    if (!f_) throw std::runtime_error(fmt::format("{}: cannot create temporary file {}", path_, tmp_));
+    std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}", rows, cols);
+    const std::size_t total = 10 + header.size() + 1;
+    header.append((64 - total % 64) % 64, ' ');
+    header += '\n';
+    const uint16_t len = static_cast<uint16_t>(header.size());
+    const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
+    write(magic, 8);
+    const unsigned char l[2] = {static_cast<unsigned char>(len & 0xff), static_cast<unsigned char>(len >> 8)};
+    write(l, 2);
+    write(header.data(), header.size());
+  }
+  ~NpyStreamWriter() {
+    if (f_) {
+      std::fclose(f_);
+      std::remove(tmp_.c_str());
+    }
+  }
+  void write(const void* p, std::size_t bytes) {
+    if (std::fwrite(p, 1, bytes, f_) != bytes)
+      throw std::runtime_error(fmt::format("{}: write failed (disk full?)", tmp_));
+  }
+  void finish() {
+    if (std::fflush(f_) != 0 || ::fsync(::fileno(f_)) != 0 || std::fclose(f_) != 0) {
+      f_ = nullptr;
+      std::remove(tmp_.c_str());
+      throw std::runtime_error(fmt::format("{}: cannot flush {}", path_, tmp_));
+    }
+    f_ = nullptr;
+    std::filesystem::rename(tmp_, path_);
+  }
+
+ private:
+  std::string path_, tmp_;
+  std::FILE* f_ = nullptr;
+};
+
+model::PolicyAssignment parse_policies(const LogitsOptions& o, const model::CausalLM& lm) {
+  model::PolicyAssignment pa(ssm::PrecisionPolicy::parse(o.policy));
+  for (const std::string& lp : o.layer_policies) {
+    const auto eq = lp.find('=');
+    if (eq == std::string::npos)
+      throw std::runtime_error(fmt::format("--layer-policy '{}': expected LAYER=POLICY (e.g. 3=conv:fp16+sr)", lp));
+    int layer = -1;
+    try {
+      layer = std::stoi(lp.substr(0, eq));
+    } catch (const std::exception&) {
+    }
+    const int n = static_cast<int>(lm.config().layers.size());
+    if (layer < 0 || layer >= n)
+      throw std::runtime_error(fmt::format("--layer-policy '{}': layer must be an index in [0, {})", lp, n));
+    const auto kind = lm.config().layers[layer];
+    if (kind != model::LayerKind::mamba2 && kind != model::LayerKind::gated_deltanet)
+      throw std::runtime_error(fmt::format("--layer-policy '{}': layer {} is a {} layer, not an SSM layer", lp, layer,
+                                           model::to_string(kind)));
+    pa.per_layer[layer] = ssm::PrecisionPolicy::parse(lp.substr(eq + 1));
+  }
+  return pa;
+}
+
+void run_logits(const LogitsOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int64_t> tokens = read_tokens(o.tokens);
+  const model::CausalLM lm = model::CausalLM::load(o.model_dir);
+  const model::PolicyAssignment policy = parse_policies(o, lm);
+  const auto t1 = std::chrono::steady_clock::now();
+  NpyStreamWriter out(o.out, tokens.size(), static_cast<std::size_t>(lm.vocab_size()));
+  model::ForwardOptions fo;
+  fo.threads = o.threads;
+  fo.chunk_positions = o.chunk;
+  fo.log_softmax = !o.raw;
+  if (o.verbose)
+    fo.on_layer_done = [](int, int layer, int n, double s) {
+      std::cerr << fmt::format("  layer {}/{} done in {:.2f} s\n", layer + 1, n, s);
+    };
+  std::size_t nonfinite = 0;
+  lm.forward(tokens, {policy}, fo, [&](const model::LogitsChunk& c) {
+    const std::size_t n = c.count * static_cast<std::size_t>(c.vocab);
+    for (std::size_t i = 0; i < n; ++i) nonfinite += !std::isfinite(c.rows[0][i]);
+    out.write(c.rows[0], n * sizeof(float));
+  });
+  out.finish();
+  const auto t2 = std::chrono::steady_clock::now();
+  const double secs = std::chrono::duration<double>(t2 - t1).count();
+  std::cerr << fmt::format(
+      "{}: {} positions x {} under {} in {:.2f} s ({:.1f} tokens/s; load {:.2f} s), {} non-finite "
+      "values -> {}\n",
+      o.model_dir, tokens.size(), lm.vocab_size(), policy.to_string(), secs, static_cast<double>(tokens.size()) / secs,
+      std::chrono::duration<double>(t1 - t0).count(), nonfinite, o.out);
+}
+
+}  // namespace
+
+void register_logits(CLI::App& app) {
+  auto o = std::make_shared<LogitsOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "logits",
+      "Teacher-forced forward of a token sequence through a Hugging Face checkpoint on the CPU.\n"
+      "Writes per-position next-token log-probabilities (float32, N x vocab; --raw: logits), with the\n"
+      "state of every SSM layer stored/decoded under --policy (e.g. conv:fp32, shared:nvfp4+rtn@16,\n"
+      "split:nvfp4/fp32@16).");
+  cmd->add_option("MODEL_DIR", o->model_dir, "model directory (config.json + safetensors)")->required();
+  cmd->add_option("--tokens", o->tokens, "token ids, .npy int32 or int64, shape (N,)")->required();
+  cmd->add_option("--out", o->out, "output .npy (float32, N x vocab), written atomically")->required();
+  cmd->add_option("--policy", o->policy, "precision policy of every SSM layer")->capture_default_str();
+  cmd->add_option("--layer-policy", o->layer_policies, "LAYER=POLICY override for one SSM layer (repeatable)");
+  cmd->add_option("--threads", o->threads, "worker threads (0: all hardware threads)")->capture_default_str();
+  cmd->add_option("--chunk", o->chunk, "positions per LM-head chunk")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--raw", o->raw, "write raw logits instead of log-probabilities");
+  cmd->add_flag("-v,--verbose", o->verbose, "report each layer's time on stderr");
+  cmd->callback([o] { run_logits(*o); });
+}
+
+}  // namespace replayssm::cli

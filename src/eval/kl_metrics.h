@@ -1,0 +1,113 @@
+// Teacher-forced KL between the FP32 reference and a configuration (REPLAYSSM.md section 10),
+// computed from log-probability rows chunk by chunk, in double precision:
+//
+//   KL_t = sum_v p_ref,t(v) (log p_ref,t(v) - log p_cfg,t(v))
+//
+// Each row is renormalised in double first (log p = row - logsumexp(row)), so a float32
+// log_softmax that sums to 1 +- rounding defines the distribution exactly and identical rows give
+// KL = 0 exactly. Terms with p_ref = 0 (log p_ref = -inf) contribute 0.
+//
+// Non-finite values are results, never errors: a configuration row holding NaN or +-Inf, or a KL
+// that comes out non-finite (log p_cfg = -inf where p_ref > 0), marks the position non-finite. Its
+// KL is stored as computed (NaN or +Inf), it is counted, and it is left out of every mean, of
+// top-1 agreement, of delta-p and of the percentiles. A reference row holding NaN or +Inf (should
+// never happen under FP32) makes the position non-finite as well and is counted separately.
+//
+// Positions are 0-based; the length of position t is t + 1 (tokens consumed). Length buckets are
+// (edges[k], edges[k+1]] over lengths, see length_bucket_edges.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <Eigen/Dense>
+
+namespace replayssm::eval {
+
+using LogProbRows = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// Bucket edges for a run of n positions: {0, e, 2e, 4e, ..., n}, e = clamp(2^floor(log2(n/64)),
+// 16, 1024): for long runs the buckets are the paper's (0,1K], (1K,2K], (2K,4K], ... and the last
+// one ends at n; short runs get finer buckets below 1K (n = 4096: e = 64). n <= e gives {0, n};
+// n = 0 gives {0}.
+std::vector<int64_t> length_bucket_edges(int64_t n);
+// Index k of the bucket (edges[k], edges[k+1]] holding `length` (1 <= length <= edges.back()).
+int bucket_of(const std::vector<int64_t>& edges, int64_t length);
+
+struct PositionResult {
+  double kl = 0.0;            // NaN or +Inf when not finite
+  double delta_p = 0.0;       // p_cfg(target) - p_ref(target)
+  bool has_target = false;    // false when target < 0 (no next token known; delta_p unset)
+  bool top1_agree = false;    // argmax p_ref == argmax p_cfg (first index on ties)
+  bool finite = true;         // false: counted as non-finite and excluded from the statistics
+  bool ref_finite = true;     // false when the reference row holds NaN or +Inf
+  int64_t nonfinite_values = 0;  // NaN/+-Inf entries in the configuration row
+};
+
+// One position. `scratch` must hold `vocab` doubles. target < 0: no next token known.
+PositionResult compare_position(const float* ref, const float* cfg, int vocab, int32_t target, double* scratch);
+
+// Percentiles of the finite values (numpy's default "linear" method, so np.percentile of the
+// stored float32 values reproduces them exactly); all NaN when there is no finite value.
+struct Percentiles {
+  static constexpr std::array<double, 4> kLevels = {50.0, 90.0, 99.0, 100.0};  // p50 p90 p99 max
+  std::array<double, 4> value{};
+};
+Percentiles percentiles(std::span<const float> values);
+
+// Statistics of one (book, configuration) cell or of several merged.
+struct KlStats {
+  std::vector<int64_t> edges;          // bucket edges (lengths), size K + 1
+  std::vector<double> bucket_sum;      // sum of finite KL per bucket (double)
+  std::vector<int64_t> bucket_count;   // finite positions per bucket
+  int64_t positions = 0;               // positions seen
+  int64_t finite_positions = 0;
+  int64_t nonfinite_positions = 0;     // positions left out (configuration or reference non-finite)
+  int64_t ref_nonfinite_positions = 0; // of which the reference row was non-finite
+  int64_t nonfinite_values = 0;        // NaN/Inf entries in configuration log-prob rows
+  int64_t top1_agree = 0;              // finite positions whose argmaxes agree
+  int64_t delta_p_count = 0;           // finite positions with a known next token
+  double kl_sum = 0.0, delta_p_sum = 0.0;
+  Percentiles pct;                     // set by finish()/merged by recomputation, not by merge()
+
+  explicit KlStats(std::vector<int64_t> bucket_edges = {});
+  void add(int64_t position, const PositionResult& r);
+  // Adds the counts and sums of `other` (same edges). Percentiles are not mergeable: recompute
+  // them from the stored per-position values (percentiles()).
+  void merge(const KlStats& other);
+
+  double mean_kl() const;                 // NaN when no finite position
+  double top1() const;                    // fraction of finite positions; NaN when none
+  double mean_delta_p() const;            // NaN when none
+  std::vector<double> bucket_mean() const;  // NaN for buckets without finite positions
+};
+
+// Accumulates one (book, configuration) cell: n positions, added in any order of chunks. The
+// per-position KL is kept (float32) for storage and exact percentiles.
+class CellAccumulator {
+ public:
+  // threads: worker threads for the rows of a chunk (0: hardware concurrency).
+  CellAccumulator(int64_t n_positions, std::vector<int64_t> edges, int threads = 0);
+  // Rows 0.. of ref and cfg are positions first, first+1, ...; targets[i] is the true next token
+  // of position first + i (or -1). Throws std::invalid_argument on shape mismatches or rows past n.
+  void add_chunk(int64_t first, const Eigen::Ref<const LogProbRows>& ref, const Eigen::Ref<const LogProbRows>& cfg,
+                 std::span<const int32_t> targets);
+  bool complete() const { return added_ == n_; }
+  int64_t positions_added() const { return added_; }
+  const std::vector<float>& kl() const { return kl_; }
+  // Statistics with percentiles; throws std::logic_error unless complete().
+  KlStats finish() const;
+
+ private:
+  int64_t n_;
+  int64_t added_ = 0;
+  int threads_;
+  std::vector<float> kl_;
+  std::vector<uint8_t> seen_;
+  KlStats stats_;
+  std::vector<PositionResult> results_;
+  std::vector<std::vector<double>> scratch_;
+};
+
+}  // namespace replayssm::eval

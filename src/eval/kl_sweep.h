@@ -1,0 +1,128 @@
+// The teacher-forced KL sweep (REPLAYSSM.md section 10): for every book, the FP32 reference
+// (conv:fp32) runs once and its final hidden states are kept; then every configuration runs the
+// same tokens under its precision policy and both next-token distributions are compared chunk by
+// chunk (chunk_rows positions at a time), so memory is O(N d + chunk_rows vocab), never N x vocab.
+//
+// ---- Persistence, resume and atomicity ---------------------------------------------------------
+// The unit of work is a cell = (configuration, book). Books are the outer loop (the reference's
+// hidden states of one book are reused by every configuration; keeping them for all books would
+// be B x N x d floats), so a configuration is finished only with the last book: persisting whole
+// configurations would lose up to a full pass over the books on an interruption. Instead:
+//   DIR/.NAME.lock          flock()ed for the whole run: a second sweep on the same output stops
+//                           at once with a message instead of interleaving writes;
+//   DIR/.NAME.parts/        the work directory of an unfinished sweep:
+//       sweep.json          the sweep's identity (below), written first;
+//       c0003-b0012.h5      one file per finished cell (per-position KL + exact statistics),
+//                           each written to .c0003-b0012.h5.tmp-PID and renamed, so a cell file
+//                           exists only when complete;
+//   DIR/NAME                the result file (hdf5_results.h schema), written when every cell is
+//                           done: to DIR/.NAME.tmp-PID, fsync, rename over NAME, fsync DIR. Then
+//                           the work directory and the lock file are removed.
+// Why not one file rewritten after each configuration: HDF5 (1.10) has no journal, so a file
+// modified in place and interrupted can be unreadable, and rewriting the whole file after every
+// cell costs O(cells x file size). Cell files cost one small atomic write each; the merge reads
+// them back one configuration at a time (memory B x N floats). Leftover *.tmp-* files from a
+// killed run are removed by the next run that holds the lock.
+//
+// Resume rules (out = DIR/NAME):
+//   out exists, same identity          -> nothing to do ("already complete"), its summary is shown;
+//   out exists, different identity     -> refused (std::runtime_error saying what differs) unless
+//                                         force; out exists but is no result file -> refused too;
+//   work dir exists, same identity     -> finished cells are skipped, the rest run, then merge
+//                                         (with or without force: an interrupted forced run resumes);
+//   work dir exists, different identity -> refused unless force (then the work dir is wiped);
+//   force                              -> every cell not in a matching work dir is computed; out is
+//                                         replaced only at the final rename, so an interrupted forced
+//                                         run leaves the old file intact. To recompute everything,
+//                                         delete DIR/.NAME.parts.
+// The identity (JSON, root attribute "sweep") holds what determines the numbers: schema version,
+// reference policy, N, the model's content hash and description, the tokenizer, every book's
+// name, stripped-text hash and hash of the N + 1 token ids used, and the configurations' canonical
+// policy strings in order. Paths, the command line, chunk size, thread count and the time are
+// recorded but are not part of it. A resumed sweep built from a different commit is allowed; the
+// builds that contributed are listed in the root attribute toolkit_versions_used.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "eval/progress.h"
+#include "eval/teacher_forced_model.h"
+#include "ssm/precision_policy.h"
+
+namespace replayssm::eval {
+
+// ---- configurations ----------------------------------------------------------------------------
+
+// The paper's configurations (REPLAYSSM.md section 4), without windows: shared fp16+sr,
+// fp8b128+sr, nvfp4+sr and their RTN variants; split nvfp4/fp32, nvfp4/fp16+sr, nvfp4/fp8b128+sr.
+std::vector<std::string> default_policy_specs();
+inline constexpr int kDefaultWindow = 16;
+
+// Splits "P1,P2,..." at commas, keeping ",seed=N" with the policy before it.
+std::vector<std::string> split_policy_list(std::string_view text);
+
+// Expands policy specs into configurations, in order, duplicates dropped:
+//   a spec without '@' and a window-taking scheme (shared, split) is expanded over `windows`
+//   (empty: {kDefaultWindow}); a spec with '@L' keeps its window;
+//   a spec without ",seed=" that uses stochastic rounding is expanded over `seeds` (empty: {0});
+//   RTN/FP32-only policies do not depend on the seed and run once (seed 0).
+// Throws std::invalid_argument (from PrecisionPolicy::parse) on a malformed spec.
+std::vector<ssm::PrecisionPolicy> expand_policies(const std::vector<std::string>& specs, const std::vector<int>& windows,
+                                                  const std::vector<uint64_t>& seeds);
+bool uses_stochastic_rounding(const ssm::PrecisionPolicy& p);
+// {"policy", "scheme", "recur": {"format", "rounding"}, ["read": {...}], "window", "seed",
+//  "stochastic_rounding"}
+nlohmann::json policy_json(const ssm::PrecisionPolicy& p);
+
+// ---- the sweep ---------------------------------------------------------------------------------
+
+struct SweepBook {
+  std::string name, source;
+  std::string text_fnv1a64;      // of the stripped text
+  int64_t n_tokens = 0;          // available in the whole book
+  std::vector<int32_t> tokens;   // at least n_positions + 1; the first n_positions + 1 are used
+};
+
+struct SweepOptions {
+  int64_t n_positions = 0;                          // N: KL positions per book
+  std::vector<ssm::PrecisionPolicy> policies;       // the configurations, in order
+  std::string reference = "conv:fp32";
+  int chunk_rows = 1024;                            // positions per log_probs call
+  int threads = 0;                                  // KL worker threads (0: hardware)
+  std::string out_path;
+  bool force = false;
+  // Recorded in the result file, not part of the identity.
+  std::string command_line, model_dir, text_dir, tokens_dir, tokenizer = "bytes", tokenization;
+  // Console: log lines and progress go to `log` (stderr in the CLI); progress: "auto" (a bar
+  // redrawn in place when log is a terminal, else lines), "bar", "lines", "off".
+  std::ostream* log = nullptr;
+  std::string progress = "auto";
+  double progress_interval_s = 30.0;
+};
+
+struct SweepOutcome {
+  std::string path;
+  bool already_complete = false;   // the result file existed with the same identity
+  int64_t cells_total = 0, cells_resumed = 0, cells_run = 0;
+  double seconds = 0.0;
+  std::vector<SummaryRow> rows;    // aggregate statistics per configuration, in order
+};
+
+// The identity of a sweep (see the top of this file).
+nlohmann::json sweep_identity(const TeacherForcedModel& model, const std::vector<SweepBook>& books,
+                              const SweepOptions& options);
+// "n_positions: 4096 -> 8192; configs: added shared:fp16+sr@16" (empty when equal).
+std::string describe_identity_difference(const nlohmann::json& old_id, const nlohmann::json& new_id);
+
+// Runs (or resumes, or finds complete) the sweep and returns the summary. Throws
+// std::invalid_argument on bad options (N < 1, no configuration, short books, token ids outside
+// the vocabulary), std::runtime_error on refused outputs, model outputs of the wrong shape and
+// I/O errors. Finished cells survive any exception.
+SweepOutcome run_kl_sweep(TeacherForcedModel& model, const std::vector<SweepBook>& books, const SweepOptions& options);
+
+}  // namespace replayssm::eval

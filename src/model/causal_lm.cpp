@@ -1,0 +1,289 @@
+#include "model/causal_lm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "eval/model_factory.h"
+#include "model/safetensors.h"
+#include "model/teacher_forced_model.h"
+
+namespace replayssm::model {
+
+const ssm::PrecisionPolicy& PolicyAssignment::for_layer(int layer) const {
+  auto it = per_layer.find(layer);
+  return it == per_layer.end() ? all : it->second;
+}
+
+std::string PolicyAssignment::to_string() const {
+  std::string s = all.to_string();
+  for (const auto& [layer, p] : per_layer) s += fmt::format(";{}={}", layer, p.to_string());
+  return s;
+}
+
+CausalLM::CausalLM(CausalLM&&) noexcept = default;
+CausalLM& CausalLM::operator=(CausalLM&&) noexcept = default;
+CausalLM::~CausalLM() = default;
+
+CausalLM CausalLM::load(const std::string& model_dir) { return build(model_dir, false); }
+CausalLM CausalLM::inspect(const std::string& model_dir) { return build(model_dir, true); }
+
+CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
+  CausalLM m;
+  m.dir_ = model_dir;
+  m.config_ = ModelConfig::load(model_dir);
+  const ModelConfig& c = m.config_;
+  TensorStore store(model_dir);
+  WeightLoader w(store, shapes_only);
+  const int d = c.hidden_size, vocab = c.vocab_size;
+
+  std::string base, embed_name, final_norm_name, norm_name = "norm", mixer_name;
+  switch (c.arch) {
+    case Architecture::mamba2:
+      base = "backbone.";
+      store.add_prefix_alias("backbone.embedding.", "backbone.embeddings.");
+      embed_name = "backbone.embeddings.weight";
+      final_norm_name = "backbone.norm_f.weight";
+      break;
+    case Architecture::nemotron_h:
+      base = "model.";
+      store.add_prefix_alias("backbone.", "model.");
+      store.ignore_prefix("mtp.");
+      embed_name = "model.embeddings.weight";
+      final_norm_name = "model.norm_f.weight";
+      break;
+    case Architecture::qwen3_5:
+      base = "model.";
+      store.add_prefix_alias("model.language_model.", "model.");
+      store.ignore_prefix("mtp.");
+      store.ignore_prefix("model.visual.");
+      embed_name = "model.embed_tokens.weight";
+      final_norm_name = "model.norm.weight";
+      break;
+  }
+  m.embed_ = w.matrix(embed_name, vocab, d);
+  for (int i = 0; i < static_cast<int>(c.layers.size()); ++i) {
+    const std::string p = fmt::format("{}layers.{}.", base, i);
+    Layer L;
+    L.kind = c.layers[i];
+    if (c.arch == Architecture::qwen3_5) {
+      L.norm = w.vector(p + "input_layernorm.weight", d);
+      if (L.kind == LayerKind::gated_deltanet)
+        L.mixer = std::make_unique<GatedDeltaNet>(w, p + "linear_attn", c.gdn, d);
+      else
+        L.mixer = std::make_unique<Attention>(w, p + "self_attn", c.attention, d);
+      L.mlp_norm = w.vector(p + "post_attention_layernorm.weight", d);
+      L.mlp = std::make_unique<Mlp>(w, p + "mlp", c.mlp, d);
+    } else {
+      L.norm = w.vector(p + "norm.weight", d);
+      switch (L.kind) {
+        case LayerKind::mamba2:
+          L.mixer = std::make_unique<Mamba2Mixer>(w, p + "mixer", c.mamba, d);
+          break;
+        case LayerKind::attention:
+          L.mixer = std::make_unique<Attention>(w, p + "mixer", c.attention, d);
+          break;
+        case LayerKind::mlp:
+          L.mixer = std::make_unique<Mlp>(w, p + "mixer", c.mlp, d);
+          break;
+        case LayerKind::gated_deltanet:
+          throw std::logic_error("gated_deltanet outside qwen3_5");
+      }
+    }
+    m.layers_.push_back(std::move(L));
+  }
+  m.final_norm_ = w.vector(final_norm_name, d);
+  if (c.tie_word_embeddings) {
+    store.ignore_prefix("lm_head.");  // tied: transformers uses the embedding matrix
+  } else {
+    m.lm_head_ = w.matrix("lm_head.weight", vocab, d);
+  }
+  store.check_all_used(fmt::format("{} ({})", to_string(c.arch), c.source));
+  m.parameters_ = w.parameter_count();
+  m.runnable_ = !shapes_only;
+  return m;
+}
+
+std::vector<LayerInfo> CausalLM::layers() const {
+  std::vector<LayerInfo> out;
+  for (int i = 0; i < static_cast<int>(layers_.size()); ++i)
+    out.push_back(LayerInfo{i, layers_[i].kind, layers_[i].mlp != nullptr});
+  return out;
+}
+
+std::string CausalLM::describe() const {
+  const ModelConfig& c = config_;
+  std::ostringstream o;
+  o << fmt::format("model          {}\n", dir_);
+  o << fmt::format("model_type     {} (architecture {})\n", c.model_type, to_string(c.arch));
+  o << fmt::format("hidden size    {}\nvocabulary     {}\n", c.hidden_size, c.vocab_size);
+  o << fmt::format("LM head        {}\n",
+                   c.tie_word_embeddings ? "tied to the embeddings" : "separate (lm_head.weight)");
+  o << fmt::format("layers         {}: {}   (M Mamba-2, G Gated DeltaNet, * attention, - MLP{})\n", c.layers.size(),
+                   c.pattern(), c.layer_has_mlp ? "; every layer also has an MLP" : "");
+  const int n_m = static_cast<int>(std::count(c.layers.begin(), c.layers.end(), LayerKind::mamba2));
+  const int n_g = static_cast<int>(std::count(c.layers.begin(), c.layers.end(), LayerKind::gated_deltanet));
+  if (n_m) {
+    const auto& s = c.mamba;
+    o << fmt::format(
+        "Mamba-2        {} layers: key heads (n_groups) {}, value heads {}, dk (state_size) {}, dv (head_dim) {}, "
+        "conv kernel {}, dt clamp [{}, {}], gated-norm group {}\n",
+        n_m, s.n_groups, s.num_heads, s.state_size, s.head_dim, s.conv_kernel, s.dt_min, s.dt_max, s.norm_group_size);
+  }
+  if (n_g) {
+    const auto& s = c.gdn;
+    o << fmt::format("Gated DeltaNet {} layers: key heads {}, value heads {}, dk {}, dv {}, conv kernel {}\n", n_g,
+                     s.num_k_heads, s.num_v_heads, s.dk, s.dv, s.conv_kernel);
+  }
+  if (c.attention_layer_count()) {
+    const auto& a = c.attention;
+    o << fmt::format("attention      {} layers: heads {}, kv heads {}, head_dim {}, {}{}{}\n",
+                     c.attention_layer_count(), a.num_heads, a.num_kv_heads, a.head_dim,
+                     a.rotary_dim ? fmt::format("RoPE on {} dims (theta {})", a.rotary_dim, a.rope_theta)
+                                  : std::string("no positional encoding"),
+                     a.output_gate ? ", sigmoid output gate" : "", a.qk_norm ? ", q/k RMSNorm" : "");
+  }
+  const int n_mlp = static_cast<int>(std::count(c.layers.begin(), c.layers.end(), LayerKind::mlp)) +
+                    (c.layer_has_mlp ? static_cast<int>(c.layers.size()) : 0);
+  if (n_mlp)
+    o << fmt::format("MLP            {} blocks: intermediate {}, {}\n", n_mlp, c.mlp.intermediate_size,
+                     c.mlp.activation == MlpActivation::relu2 ? "relu^2" : "SwiGLU");
+  o << fmt::format("parameters     {}\n", parameters_);
+  return o.str();
+}
+
+Mat CausalLM::final_hidden(const std::vector<int64_t>& tokens, const PolicyAssignment& policy, int threads,
+                           const std::function<void(int, int, double)>& on_layer_done) const {
+  if (!runnable_)
+    throw std::logic_error(fmt::format("{}: model was opened with inspect() (no weights read); use load()", dir_));
+  const int t = resolve_threads(threads);
+  const int n = static_cast<int>(tokens.size());
+  const int d = config_.hidden_size;
+  for (int i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+      throw std::invalid_argument(
+          fmt::format("token {} at position {} is outside the vocabulary [0, {})", tokens[i], i, config_.vocab_size));
+  Mat h(n, d);
+  for (int i = 0; i < n; ++i) h.row(i) = embed_.row(tokens[i]);
+  const float eps = static_cast<float>(config_.norm_eps);
+  const bool plus_one = config_.norm_plus_one;
+  Mat xn, out;
+  // Norm + block over all positions (token mixers need the whole sequence).
+  auto whole = [&](const Vec& norm, const Block& block, const LayerContext& ctx) {
+    xn = h;
+    rms_norm_rows(xn, norm, eps, plus_one, d, t);
+    block.forward(xn, out, ctx);
+    h += out;
+  };
+  // Position-wise blocks (MLPs) in chunks of positions, so their wide intermediates stay small.
+  constexpr int kChunk = 2048;
+  auto chunked = [&](const Vec& norm, const Block& block, const LayerContext& ctx) {
+    for (int r0 = 0; r0 < n; r0 += kChunk) {
+      const int rows = std::min(kChunk, n - r0);
+      xn = h.middleRows(r0, rows);
+      rms_norm_rows(xn, norm, eps, plus_one, d, t);
+      block.forward(xn, out, ctx);
+      h.middleRows(r0, rows) += out;
+    }
+  };
+  for (int li = 0; li < static_cast<int>(layers_.size()); ++li) {
+    const Layer& L = layers_[li];
+    const LayerContext ctx{li, &policy.for_layer(li), t};
+    const auto start = std::chrono::steady_clock::now();
+    if (L.kind == LayerKind::mlp)
+      chunked(L.norm, *L.mixer, ctx);
+    else
+      whole(L.norm, *L.mixer, ctx);
+    if (L.mlp) chunked(L.mlp_norm, *L.mlp, ctx);
+    if (on_layer_done)
+      on_layer_done(li, static_cast<int>(layers_.size()),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  rms_norm_rows(h, final_norm_, eps, plus_one, d, t);
+  return h;
+}
+
+void CausalLM::lm_head(const Eigen::Ref<const Mat>& h, bool log_softmax, int threads, Mat& out) const {
+  if (!runnable_)
+    throw std::logic_error(fmt::format("{}: model was opened with inspect() (no weights read); use load()", dir_));
+  if (h.cols() != config_.hidden_size)
+    throw std::invalid_argument(
+        fmt::format("lm_head: hidden rows have {} columns, expected hidden size {}", h.cols(), config_.hidden_size));
+  const Mat& w = config_.tie_word_embeddings ? embed_ : lm_head_;
+  const Eigen::Index vocab = w.rows();
+  const std::size_t count = static_cast<std::size_t>(h.rows());
+  out.resize(static_cast<Eigen::Index>(count), vocab);
+  const int t = resolve_threads(threads);
+  // Fixed blocks of the vocabulary (not per thread): results do not depend on the thread count.
+  constexpr Eigen::Index kCols = 2048;
+  const int col_blocks = static_cast<int>((vocab + kCols - 1) / kCols);
+  parallel_for(col_blocks, t, [&](int b) {
+    const Eigen::Index c0 = b * kCols, c = std::min(kCols, vocab - c0);
+    out.middleCols(c0, c).noalias() = h * w.middleRows(c0, c).transpose();
+  });
+  if (!log_softmax) return;
+  parallel_for(static_cast<int>(count), t, [&](int r) {
+    float* row = out.data() + static_cast<Eigen::Index>(r) * vocab;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (Eigen::Index j = 0; j < vocab; ++j) mx = std::max(mx, row[j]);
+    double sum = 0.0;
+    for (Eigen::Index j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+    const double lse = mx + std::log(sum);
+    for (Eigen::Index j = 0; j < vocab; ++j) row[j] = static_cast<float>(static_cast<double>(row[j]) - lse);
+  });
+}
+
+void CausalLM::forward(const std::vector<int64_t>& tokens, const std::vector<PolicyAssignment>& variants,
+                       const ForwardOptions& options, const ChunkCallback& callback) const {
+  if (variants.empty()) throw std::invalid_argument("forward: no policy given (expected at least one variant)");
+  if (options.chunk_positions <= 0)
+    throw std::invalid_argument(fmt::format("forward: chunk_positions is {}, expected > 0", options.chunk_positions));
+  std::vector<Mat> hidden;
+  hidden.reserve(variants.size());
+  for (std::size_t v = 0; v < variants.size(); ++v) {
+    std::function<void(int, int, double)> report;
+    if (options.on_layer_done)
+      report = [&, v](int layer, int n, double s) { options.on_layer_done(static_cast<int>(v), layer, n, s); };
+    hidden.push_back(final_hidden(tokens, variants[v], options.threads, report));
+  }
+  const std::size_t n = tokens.size();
+  std::vector<Mat> out(variants.size());
+  for (std::size_t b = 0; b < n; b += static_cast<std::size_t>(options.chunk_positions)) {
+    const std::size_t count = std::min(n - b, static_cast<std::size_t>(options.chunk_positions));
+    LogitsChunk chunk;
+    chunk.begin = b;
+    chunk.count = count;
+    chunk.vocab = config_.vocab_size;
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      lm_head(hidden[v].middleRows(static_cast<Eigen::Index>(b), static_cast<Eigen::Index>(count)), options.log_softmax,
+              options.threads, out[v]);
+      chunk.rows.push_back(out[v].data());
+    }
+    callback(chunk);
+  }
+}
+
+Mat CausalLM::log_probs(const std::vector<int64_t>& tokens, const PolicyAssignment& policy,
+                        const ForwardOptions& options) const {
+  Mat all(static_cast<Eigen::Index>(tokens.size()), config_.vocab_size);
+  forward(tokens, {policy}, options, [&](const LogitsChunk& c) {
+    all.middleRows(static_cast<Eigen::Index>(c.begin), static_cast<Eigen::Index>(c.count)) =
+        Eigen::Map<const Mat>(c.rows[0], static_cast<Eigen::Index>(c.count), c.vocab);
+  });
+  return all;
+}
+
+}  // namespace replayssm::model
+
+namespace replayssm::eval {
+
+std::unique_ptr<TeacherForcedModel> load_teacher_forced_model(const std::string& dir) {
+  return model::as_teacher_forced_model(model::CausalLM::load(dir));
+}
+
+}  // namespace replayssm::eval

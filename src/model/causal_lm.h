@@ -1,0 +1,127 @@
+// A Hugging Face causal language model (Mamba2, Nemotron-H, Qwen3.5 text) loaded from a
+// checkpoint directory and run teacher-forced on the CPU, with the SSM state of every SSM layer
+// stored and decoded under a ssm::PrecisionPolicy.
+//
+// Teacher forcing: the N input tokens are fed in order and every position t yields the model's
+// next-token distribution after tokens[0..t]. Processing is layer by layer over all N positions
+// (the sequence emulator replays a whole head group's sequence at once), so memory is
+// O(N (hidden + widest layer)), never O(N^2) (attention is blockwise) and never O(N vocab): the
+// LM head runs over chunks of positions and hands each chunk to a callback. Work is split into
+// fixed blocks (positions, head groups, vocabulary slices), so results are bitwise independent of
+// the thread count. The KL sweep's contract (eval::TeacherForcedModel) is implemented on top of
+// final_hidden() + lm_head() by model/teacher_forced_model.h.
+//
+//   CausalLM lm = CausalLM::load("data/models/qwen3_5_tiny");
+//   ForwardOptions opt;  opt.chunk_positions = 256;
+//   lm.forward(tokens, {ssm::PrecisionPolicy::parse("conv:fp32"), ssm::PrecisionPolicy::parse("split:nvfp4/fp32@16")},
+//              opt, [&](const LogitsChunk& c) {
+//                // c.rows[0], c.rows[1]: c.count x c.vocab log-probabilities of positions
+//                // [c.begin, c.begin + c.count) under each policy: accumulate KL here.
+//              });
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/layers.h"
+#include "model/model_config.h"
+#include "ssm/precision_policy.h"
+
+namespace replayssm::model {
+
+// The precision policy of every SSM layer: `all`, except layers listed in `per_layer`
+// (keys are block indices, as in `replayssm info`).
+struct PolicyAssignment {
+  ssm::PrecisionPolicy all;
+  std::map<int, ssm::PrecisionPolicy> per_layer;
+  PolicyAssignment() = default;
+  PolicyAssignment(ssm::PrecisionPolicy p) : all(p) {}  // NOLINT: implicit on purpose
+  const ssm::PrecisionPolicy& for_layer(int layer) const;
+  std::string to_string() const;
+};
+
+struct ForwardOptions {
+  int threads = 0;            // 0: all hardware threads
+  int chunk_positions = 256;  // positions per callback
+  bool log_softmax = true;    // true: log-probabilities; false: raw logits
+  // Optional progress report after each layer of each variant (long sequences take a while).
+  std::function<void(int variant, int layer, int n_layers, double seconds)> on_layer_done;
+};
+
+// One chunk of positions: rows[v] points to count x vocab floats (row-major) for variant v,
+// valid only during the callback.
+struct LogitsChunk {
+  std::size_t begin = 0, count = 0;
+  int vocab = 0;
+  std::vector<const float*> rows;
+};
+using ChunkCallback = std::function<void(const LogitsChunk&)>;
+
+struct LayerInfo {
+  int index = 0;
+  LayerKind kind = LayerKind::mlp;
+  bool has_mlp = false;  // Qwen3.5: the decoder layer also has an MLP
+};
+
+class CausalLM {
+ public:
+  // Reads config.json and the safetensors weights (converted to float32). Throws
+  // std::runtime_error naming file, tensor and expectation on any inconsistency, including
+  // tensors the model does not use.
+  static CausalLM load(const std::string& model_dir);
+  // The same validation without reading weight data: for `replayssm info` on large checkpoints.
+  // The result has shapes and a parameter count but cannot run.
+  static CausalLM inspect(const std::string& model_dir);
+
+  CausalLM(CausalLM&&) noexcept;
+  CausalLM& operator=(CausalLM&&) noexcept;
+  ~CausalLM();
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& directory() const { return dir_; }
+  std::size_t parameter_count() const { return parameters_; }
+  int vocab_size() const { return config_.vocab_size; }
+  std::vector<LayerInfo> layers() const;
+  // Human-readable summary (architecture, pattern, SSM head shapes, parameter count).
+  std::string describe() const;
+
+  // Teacher-forced forward of `tokens` under each variant (one pass per variant through the
+  // layers, then one shared LM-head pass), streaming logits or log-probs in position chunks.
+  // Token ids outside [0, vocab) throw std::invalid_argument naming the position.
+  void forward(const std::vector<int64_t>& tokens, const std::vector<PolicyAssignment>& variants,
+               const ForwardOptions& options, const ChunkCallback& callback) const;
+  // Final-norm hidden states (N x hidden) of one variant: what the LM head reads.
+  Mat final_hidden(const std::vector<int64_t>& tokens, const PolicyAssignment& policy, int threads = 0,
+                   const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done = {}) const;
+  // LM head (and log-softmax) over any rows of final hidden states: out is rows x vocab.
+  void lm_head(const Eigen::Ref<const Mat>& hidden_rows, bool log_softmax, int threads, Mat& out) const;
+  // Convenience for short sequences: the whole N x vocab matrix of log-probs (or logits).
+  Mat log_probs(const std::vector<int64_t>& tokens, const PolicyAssignment& policy,
+                const ForwardOptions& options = {}) const;
+
+ private:
+  CausalLM() = default;
+  static CausalLM build(const std::string& model_dir, bool shapes_only);
+
+  struct Layer {
+    LayerKind kind;
+    Vec norm;  // pre-mixer norm
+    std::unique_ptr<Block> mixer;
+    Vec mlp_norm;  // Qwen3.5: post_attention_layernorm
+    std::unique_ptr<Block> mlp;
+  };
+  ModelConfig config_;
+  std::string dir_;
+  bool runnable_ = false;
+  std::size_t parameters_ = 0;
+  Mat embed_;    // vocab x hidden
+  Mat lm_head_;  // vocab x hidden (empty when tied: embed_ is used)
+  Vec final_norm_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace replayssm::model

@@ -1,0 +1,116 @@
+// The blocks of the supported architectures, each a token mixer (or MLP) that maps normalised
+// hidden states x (N positions x hidden) to the block's output (N x hidden), to be added to the
+// residual stream by the caller. Weights are loaded by name from a TensorStore; the SSM
+// recurrence of Mamba-2 and Gated DeltaNet runs through ssm::emulate_sequence under the layer's
+// PrecisionPolicy, one call per key-head group (the group's value heads together, so stochastic
+// rounding streams do not depend on the thread count).
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "model/tensor_ops.h"
+#include "ssm/precision_policy.h"
+
+namespace replayssm::model {
+
+// Reads float32 weights with checked shapes; counts parameters. With `shapes_only` nothing is
+// read (the matrices stay empty) but presence and shapes are still validated.
+class WeightLoader {
+ public:
+  WeightLoader(TensorStore& store, bool shapes_only) : store_(store), shapes_only_(shapes_only) {}
+  Mat matrix(const std::string& name, int rows, int cols);
+  Vec vector(const std::string& name, int n);
+  // torch Conv1d depthwise weight [channels, 1, k] -> channels x k.
+  Mat conv_weight(const std::string& name, int channels, int k);
+  Linear linear(const std::string& prefix, int out, int in, bool bias);
+  bool shapes_only() const { return shapes_only_; }
+  bool contains(const std::string& name) const { return store_.contains(name); }
+  std::size_t parameter_count() const { return parameters_; }
+
+ private:
+  TensorStore& store_;
+  bool shapes_only_;
+  std::size_t parameters_ = 0;
+};
+
+struct LayerContext {
+  int layer_index = 0;                           // block index in the model (SR stream id)
+  const ssm::PrecisionPolicy* policy = nullptr;  // SSM layers: how the state is stored/decoded
+  int threads = 1;
+};
+
+class Block {
+ public:
+  virtual ~Block() = default;
+  // x: N x hidden (normalised input); out: resized to N x hidden.
+  virtual void forward(const Mat& x, Mat& out, const LayerContext& ctx) const = 0;
+};
+
+// Mamba-2 mixer (transformers Mamba2Mixer / NemotronHMamba2Mixer): in_proj -> [z | xBC | dt],
+// causal conv + SiLU on xBC, dt = clamp(softplus(dt + dt_bias)), A = -exp(A_log),
+// recurrence with v = dt x, alpha = exp(dt A), k = B, q = C (per group), y = o + D x,
+// gated RMSNorm (y * silu(z), normalised over norm_group_size) -> out_proj.
+class Mamba2Mixer final : public Block {
+ public:
+  Mamba2Mixer(WeightLoader& w, const std::string& prefix, const Mamba2Shape& s, int hidden);
+  void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
+
+ private:
+  Mamba2Shape s_;
+  Linear in_proj_, out_proj_;
+  Mat conv_w_;
+  Vec conv_b_, dt_bias_, a_log_, d_, norm_w_;
+};
+
+// Gated DeltaNet (transformers Qwen3_5GatedDeltaNet): in_proj_qkv -> conv + SiLU -> q, k, v;
+// q, k L2-normalised (eps 1e-6), q scaled by dk^-1/2; beta = sigmoid(in_proj_b x),
+// alpha = exp(-exp(A_log) softplus(in_proj_a x + dt_bias)); value head h reads key head
+// h / (num_v_heads / num_k_heads); per-head RMSNorm(o) * w * silu(z) -> out_proj.
+class GatedDeltaNet final : public Block {
+ public:
+  GatedDeltaNet(WeightLoader& w, const std::string& prefix, const GdnShape& s, int hidden);
+  void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
+
+ private:
+  GdnShape s_;
+  Linear in_qkv_, in_z_, in_b_, in_a_, out_proj_;
+  Mat conv_w_;
+  Vec dt_bias_, a_log_, norm_w_;
+};
+
+// Causal multi-head attention with GQA, computed in blocks with an online softmax (memory
+// O(N d), never N x N). Nemotron-H: plain q/k/v/o, no positional encoding. Qwen3.5: q_proj also
+// yields a per-head output gate (sigmoid), (1+w) RMSNorm on q and k per head, partial RoPE.
+class Attention final : public Block {
+ public:
+  Attention(WeightLoader& w, const std::string& prefix, const AttentionShape& s, int hidden);
+  void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
+
+ private:
+  AttentionShape s_;
+  Linear q_, k_, v_, o_;
+  Vec q_norm_, k_norm_;
+  std::vector<float> inv_freq_;
+};
+
+// Nemotron-H: down(relu(up x)^2). Qwen3.5: down(silu(gate x) * up x).
+class Mlp final : public Block {
+ public:
+  Mlp(WeightLoader& w, const std::string& prefix, const MlpShape& s, int hidden);
+  void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
+
+ private:
+  MlpShape s_;
+  Linear gate_, up_, down_;
+};
+
+// Blocked causal attention core, exposed for tests: q is N x (H hd), k and v are N x (Hkv hd);
+// returns N x (H hd). Query head h reads key/value head h / (H / Hkv).
+Mat causal_attention(const Mat& q, const Mat& k, const Mat& v, int num_heads, int num_kv_heads, int head_dim,
+                     float scale, int threads, int block = 64);
+
+}  // namespace replayssm::model

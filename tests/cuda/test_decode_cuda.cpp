@@ -1,0 +1,436 @@
+// CUDA decode kernels against the CPU reference decoders (src/ssm), on fresh random inputs with
+// realistic decays (near 1 and far from 1), the paper's shapes and awkward ones, poisoned outputs.
+// FP32 paths: relative error <= 1e-5 per step and head group. Low-precision paths: the LP
+// checkpoint the GPU writes at a flush is bit-equal to formats::quantize_matrix of the GPU's own
+// FP32 checkpoint. Skips (exit 77) without a CUDA device.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <boost/random/mersenne_twister.hpp>
+#include <boost/random/normal_distribution.hpp>
+#include <boost/random/uniform_int_distribution.hpp>
+#include <boost/random/uniform_real_distribution.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cuda_bf16.h>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "cuda_check.h"
+#include "ssm/decode_kernels.h"
+#include "ssm/replay_decode.h"
+#include "test_util.h"
+
+using namespace replayssm;
+using cuda::DecodeShape;
+using cuda::SsmKind;
+using formats::StorageFormat;
+
+namespace {
+
+struct GpuGuard {
+  GpuGuard() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+      test::skip_suite("no CUDA device: decode kernel tests run on the device machine (see docs/GPU_RESULTS.md)");
+  }
+};
+const GpuGuard gpu_guard;
+
+template <class T>
+struct DeviceArray {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  explicit DeviceArray(std::size_t count) : n(count) {
+    REPLAYSSM_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(1, count) * sizeof(T)));
+    REPLAYSSM_CUDA_CHECK(cudaMemset(ptr, 0, std::max<std::size_t>(1, count) * sizeof(T)));
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+  DeviceArray(const DeviceArray&) = delete;
+  void upload(const std::vector<T>& h) { REPLAYSSM_CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    REPLAYSSM_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+ssm::Recurrence recurrence_of(SsmKind k) { return k == SsmKind::mamba2 ? ssm::Recurrence::mamba2 : ssm::Recurrence::gdn; }
+
+// One step's inputs for the whole batch (T tokens for verification), host copies as floats that
+// are exactly the bf16 values the GPU reads.
+struct HostStep {
+  int tokens = 1;
+  std::vector<__nv_bfloat16> q, k, v;  // [B][T][G][dk], [B][T][H][dv]
+  std::vector<float> qf, kf, vf, alpha, beta;
+};
+
+struct InputGen {
+  boost::random::mt19937_64 rng;
+  bool slow_decay;
+  explicit InputGen(uint64_t seed, bool slow) : rng(seed), slow_decay(slow) {}
+  HostStep make(SsmKind kind, const DecodeShape& s, int tokens) {
+    boost::random::normal_distribution<float> normal(0.0f, 1.0f);
+    boost::random::uniform_real_distribution<float> unit(0.0f, 1.0f);
+    HostStep st;
+    st.tokens = tokens;
+    const std::size_t nk = static_cast<std::size_t>(s.batch) * tokens * s.key_heads * s.dk;
+    const std::size_t nv = static_cast<std::size_t>(s.batch) * tokens * s.value_heads * s.dv;
+    st.q.resize(nk), st.k.resize(nk), st.v.resize(nv), st.qf.resize(nk), st.kf.resize(nk), st.vf.resize(nv);
+    for (std::size_t base = 0; base < nk; base += s.dk) {
+      // GDN keys and queries are L2-normalised (Qwen3.5), Mamba-2 B/C are not.
+      float nq = 0, nkk = 0;
+      std::vector<float> q(s.dk), k(s.dk);
+      for (int c = 0; c < s.dk; ++c) q[c] = normal(rng), k[c] = normal(rng), nq += q[c] * q[c], nkk += k[c] * k[c];
+      for (int c = 0; c < s.dk; ++c) {
+        const float qq = kind == SsmKind::gdn ? q[c] / std::sqrt(nq) : q[c] * 0.1f;
+        const float kk = kind == SsmKind::gdn ? k[c] / std::sqrt(nkk) : k[c] * 0.1f;
+        st.q[base + c] = __float2bfloat16(qq), st.k[base + c] = __float2bfloat16(kk);
+        st.qf[base + c] = __bfloat162float(st.q[base + c]), st.kf[base + c] = __bfloat162float(st.k[base + c]);
+      }
+    }
+    for (std::size_t i = 0; i < nv; ++i) st.v[i] = __float2bfloat16(normal(rng)), st.vf[i] = __bfloat162float(st.v[i]);
+    const std::size_t nh = static_cast<std::size_t>(s.batch) * tokens * s.value_heads;
+    st.alpha.resize(nh), st.beta.resize(nh);
+    for (std::size_t i = 0; i < nh; ++i) {
+      st.alpha[i] = slow_decay ? 0.999f + 0.001f * unit(rng) : 0.3f + 0.5f * unit(rng);
+      st.beta[i] = 0.05f + 0.9f * unit(rng);
+    }
+    return st;
+  }
+};
+
+// Device copies of a step.
+struct DeviceStep {
+  DeviceArray<__nv_bfloat16> q, k, v;
+  DeviceArray<float> alpha, beta, out;
+  DeviceStep(const HostStep& h, std::size_t out_elems)
+      : q(h.q.size()), k(h.k.size()), v(h.v.size()), alpha(h.alpha.size()), beta(h.beta.size()), out(out_elems) {
+    q.upload(h.q), k.upload(h.k), v.upload(h.v), alpha.upload(h.alpha), beta.upload(h.beta);
+    std::vector<float> poison(out_elems, std::numeric_limits<float>::quiet_NaN());
+    out.upload(poison);
+  }
+  cuda::StepInputs inputs() { return {q.ptr, k.ptr, v.ptr, alpha.ptr, beta.ptr, out.ptr}; }
+};
+
+// Token s of sequence b, key head g, as the CPU decoder's GroupToken (pointers into h).
+ssm::GroupToken group_token(const HostStep& h, const DecodeShape& s, int b, int g, int tok) {
+  ssm::GroupToken t;
+  const std::size_t kh = (static_cast<std::size_t>(b) * h.tokens + tok) * s.key_heads + g;
+  t.q = &h.qf[kh * s.dk];
+  t.k = &h.kf[kh * s.dk];
+  for (int j = 0; j < s.heads_per_group(); ++j) {
+    const std::size_t vh = (static_cast<std::size_t>(b) * h.tokens + tok) * s.value_heads + g * s.heads_per_group() + j;
+    t.alpha.push_back(&h.alpha[vh]);
+    t.beta.push_back(h.beta[vh]);
+    t.v.push_back(&h.vf[vh * s.dv]);
+  }
+  return t;
+}
+
+// The comparison rule: per head group and step, e = ||gpu - cpu||; the reported error is
+// max_step(e) / RMS_step(||cpu||) — each step's error relative to the run's typical output norm,
+// because a plain per-step ||gpu - cpu|| / ||cpu|| blows up on the rare step whose output nearly
+// cancels. A NaN (an unwritten, poisoned output) makes the error infinite.
+struct ErrorMeter {
+  double max_err = 0, sum_norm2 = 0;
+  long steps = 0;
+  void add(const std::vector<float>& gpu, std::size_t offset, const std::vector<float>& cpu) {
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      if (!std::isfinite(gpu[offset + i])) num = std::numeric_limits<double>::infinity();
+      const double d = static_cast<double>(gpu[offset + i]) - cpu[i];
+      num += d * d, den += static_cast<double>(cpu[i]) * cpu[i];
+    }
+    max_err = std::max(max_err, std::sqrt(num));
+    sum_norm2 += den;
+    ++steps;
+  }
+  double relative() const { return max_err / std::sqrt(std::max(sum_norm2 / std::max(steps, 1L), 1e-300)); }
+};
+
+struct StateBuffers {
+  DeviceArray<uint8_t> payload, scale_codes;
+  DeviceArray<float> block_scales, tensor_scales;
+  cuda::DeviceState view;
+  StateBuffers(StorageFormat f, const DecodeShape& s)
+      : payload(formats::storage_bytes(f, 1, s.head_elements()) * s.heads()),
+        scale_codes(f == StorageFormat::nvfp4 ? s.heads() * s.head_elements() / 16 : 0),
+        block_scales(f == StorageFormat::fp8b128 ? s.heads() * s.head_elements() / 128 : 0),
+        tensor_scales(f == StorageFormat::nvfp4 ? s.heads() : 0) {
+    view.format = f;
+    view.payload = payload.ptr;
+    view.scale_codes = f == StorageFormat::nvfp4 ? scale_codes.ptr : nullptr;
+    view.block_scales = f == StorageFormat::fp8b128 ? block_scales.ptr : nullptr;
+    view.tensor_scales = f == StorageFormat::nvfp4 ? tensor_scales.ptr : nullptr;
+  }
+};
+
+struct RecordBuffers {
+  DeviceArray<__nv_bfloat16> k, v;
+  DeviceArray<float> u, alpha, beta;
+  DeviceArray<cuda::WindowState> w0, w1;
+  cuda::DeviceRecords view;
+  RecordBuffers(const DecodeShape& s, int capacity, const std::vector<cuda::WindowState>& initial)
+      : k(static_cast<std::size_t>(s.batch) * capacity * s.key_heads * s.dk),
+        v(static_cast<std::size_t>(s.batch) * capacity * s.value_heads * s.dv),
+        u(static_cast<std::size_t>(s.batch) * capacity * s.value_heads * s.dv),
+        alpha(static_cast<std::size_t>(s.batch) * capacity * s.value_heads),
+        beta(static_cast<std::size_t>(s.batch) * capacity * s.value_heads), w0(s.batch), w1(s.batch) {
+    // Empty records are neutral: a = 1, v = u = k = 0 (so staggered window positions need no history).
+    std::vector<float> ones(alpha.n, 1.0f);
+    alpha.upload(ones);
+    w0.upload(initial);
+    view = {capacity, k.ptr, v.ptr, u.ptr, alpha.ptr, beta.ptr, {w0.ptr, w1.ptr}, 0};
+  }
+};
+
+struct Case {
+  SsmKind kind;
+  DecodeShape shape;
+  bool slow_decay;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  for (SsmKind k : {SsmKind::mamba2, SsmKind::gdn}) {
+    c.push_back({k, {2, 1, 16, 128, 64}, true});    // Nemotron-3-Super head group, decays near 1
+    c.push_back({k, {3, 2, 6, 64, 37}, false});     // awkward: odd batch, dv = 37, 3 heads per key head
+    c.push_back({k, {2, 1, 2, 256, 24}, true});     // dk = 256
+    c.push_back({k, {1, 2, 4, 128, 128}, false});   // Qwen3.5 head shape
+  }
+  return c;
+}
+
+const char* kind_name(SsmKind k) { return k == SsmKind::mamba2 ? "mamba2" : "gdn"; }
+
+}  // namespace
+
+TEST_CASE("conventional decode kernels equal the CPU conventional decoder (fp32; fp16/bf16 state)") {
+  int n = 0;
+  for (const Case& c : cases()) {
+    for (StorageFormat f : {StorageFormat::fp32, StorageFormat::fp16, StorageFormat::bf16}) {
+      const DecodeShape& s = c.shape;
+      const auto policy = ssm::PrecisionPolicy::parse(f == StorageFormat::fp32 ? "conv:fp32"
+                                                     : f == StorageFormat::fp16 ? "conv:fp16+rtn"
+                                                                                : "conv:bf16+rtn");
+      std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu;
+      for (int b = 0; b < s.batch; ++b)
+        for (int g = 0; g < s.key_heads; ++g)
+          cpu.push_back(ssm::make_decoder({recurrence_of(c.kind), s.dk, s.dv, s.heads_per_group()}, policy,
+                                          {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
+      StateBuffers state(f, s);
+      InputGen gen(test::kBaseSeed + 7000 + n, c.slow_decay);
+      ErrorMeter meter;
+      for (int step = 0; step < 48; ++step) {
+        const HostStep h = gen.make(c.kind, s, 1);
+        DeviceStep d(h, s.heads() * s.dv);
+        cuda::conventional_step(c.kind, s, d.inputs(), state.view, nullptr);
+        REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto out = d.out.download();
+        for (int b = 0; b < s.batch; ++b)
+          for (int g = 0; g < s.key_heads; ++g) {
+            std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+            cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
+            const std::size_t off = (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv;
+            meter.add(out, off, ref);
+          }
+      }
+      // fp16/bf16 states: the two sides round the same fp32 update; a 1-ulp difference in the
+      // update before rounding can flip a code, so the tolerance is the storage format's.
+      const double tol = f == StorageFormat::fp32 ? 1e-5 : f == StorageFormat::fp16 ? 2e-3 : 2e-2;
+      std::printf("conventional %s %s B=%d G=%d H=%d dk=%d dv=%d: max rel err %.2e (tol %.0e)\n", kind_name(c.kind),
+                  std::string(formats::to_string(f)).c_str(), s.batch, s.key_heads, s.value_heads, s.dk, s.dv, meter.relative(), tol);
+      CHECK(meter.relative() <= tol);
+      ++n;
+    }
+  }
+}
+
+TEST_CASE("ReplaySSM decode kernels equal the CPU decoders: shared fp32 and split low-precision reads, staggered windows") {
+  int n = 0;
+  for (const Case& c : cases()) {
+    for (const char* policy_text : {"shared:fp32@1", "shared:fp32@4", "shared:fp32@16", "split:fp16/fp32@8",
+                                    "split:fp8b128/fp32@16", "split:nvfp4/fp32@16", "split:fp8b128/fp16+sr@4"}) {
+      const DecodeShape& s = c.shape;
+      const auto policy = ssm::PrecisionPolicy::parse(policy_text);
+      if (policy.read.format == StorageFormat::fp8b128 && s.dk % 128) continue;
+      const int L = policy.window;
+      // Sequence b starts at window position b % L (neutral records), so flushes are staggered.
+      std::vector<cuda::WindowState> initial(s.batch);
+      for (int b = 0; b < s.batch; ++b) initial[b].h = b % L;
+      std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu;
+      HostStep neutral;
+      neutral.tokens = 1;
+      neutral.qf.assign(static_cast<std::size_t>(s.batch) * s.key_heads * s.dk, 0.0f);
+      neutral.kf = neutral.qf;
+      neutral.vf.assign(static_cast<std::size_t>(s.batch) * s.value_heads * s.dv, 0.0f);
+      neutral.alpha.assign(static_cast<std::size_t>(s.batch) * s.value_heads, 1.0f);
+      neutral.beta.assign(neutral.alpha.size(), 0.5f);
+      for (int b = 0; b < s.batch; ++b)
+        for (int g = 0; g < s.key_heads; ++g) {
+          cpu.push_back(ssm::make_decoder({recurrence_of(c.kind), s.dk, s.dv, s.heads_per_group()}, policy,
+                                          {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
+          std::vector<float> scratch(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+          for (int w = 0; w < b % L; ++w) cpu.back()->step(group_token(neutral, s, b, g, 0), scratch.data());
+        }
+      const bool split = policy.scheme == ssm::DecodeScheme::split;
+      StateBuffers hp(policy.recur.format, s);
+      std::unique_ptr<StateBuffers> lp;
+      cuda::ReplayConfig config;
+      config.window = L;
+      config.hp = hp.view;
+      config.hp_rounding = policy.recur.rounding;
+      config.seed = policy.seed;
+      if (split) {
+        lp = std::make_unique<StateBuffers>(policy.read.format, s);
+        config.lp = lp->view;
+      }
+      RecordBuffers rec(s, L, initial);
+      InputGen gen(test::kBaseSeed + 9000 + n, c.slow_decay);
+      ErrorMeter meter;
+      int lp_checks = 0, lp_mismatch = 0;
+      for (int step = 0; step < 3 * L + 5; ++step) {
+        const HostStep h = gen.make(c.kind, s, 1);
+        DeviceStep d(h, s.heads() * s.dv);
+        cuda::replay_step(c.kind, s, d.inputs(), config, rec.view, nullptr);
+        REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto out = d.out.download();
+        for (int b = 0; b < s.batch; ++b)
+          for (int g = 0; g < s.key_heads; ++g) {
+            std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+            cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
+            const std::size_t off = (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv;
+            meter.add(out, off, ref);
+          }
+        // After a flush of sequence b, its LP copy must equal quantize(HP) bit for bit (fp32 HP).
+        if (split && policy.recur.format == StorageFormat::fp32) {
+          std::vector<float> hpv(s.heads() * s.head_elements());
+          REPLAYSSM_CUDA_CHECK(cudaMemcpy(hpv.data(), hp.payload.ptr, hpv.size() * 4, cudaMemcpyDeviceToHost));
+          const auto lp_payload = lp->payload.download();
+          const auto lp_codes = lp->scale_codes.download();
+          const auto lp_scales = lp->block_scales.download();
+          const auto lp_tensor = lp->tensor_scales.download();
+          for (int b = 0; b < s.batch; ++b) {
+            if ((b % L + step + 1) % L != 0) continue;  // not flushed at this step
+            for (int hd = 0; hd < s.value_heads; ++hd) {
+              const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd;
+              const auto q = formats::quantize_matrix(&hpv[head * s.head_elements()], s.dv, s.dk, policy.read.format,
+                                                      formats::Rounding::rtn);
+              const std::size_t pb = q.payload.size();
+              bool same = std::equal(q.payload.begin(), q.payload.end(), lp_payload.begin() + head * pb);
+              if (!q.block_scale_codes.empty())
+                same = same && std::equal(q.block_scale_codes.begin(), q.block_scale_codes.end(),
+                                          lp_codes.begin() + head * q.block_scale_codes.size());
+              if (!q.block_scales.empty())
+                same = same && std::equal(q.block_scales.begin(), q.block_scales.end(),
+                                          lp_scales.begin() + head * q.block_scales.size());
+              if (policy.read.format == StorageFormat::nvfp4) same = same && q.tensor_scale == lp_tensor[head];
+              ++lp_checks;
+              lp_mismatch += !same;
+            }
+          }
+        }
+      }
+      const bool lp_path = split;
+      const double tol = !lp_path ? 1e-5 : policy.recur.format == StorageFormat::fp32 ? 5e-3 : 2e-2;
+      std::printf("replay %s %-24s B=%d G=%d H=%d dk=%d dv=%d: max rel err %.2e (tol %.0e)%s\n", kind_name(c.kind),
+                  policy_text, s.batch, s.key_heads, s.value_heads, s.dk, s.dv, meter.relative(), tol,
+                  lp_checks ? (", LP checkpoints bit-equal: " + std::to_string(lp_checks - lp_mismatch) + "/" +
+                               std::to_string(lp_checks)).c_str()
+                            : "");
+      CHECK(meter.relative() <= tol);
+      CHECK(lp_mismatch == 0);
+      ++n;
+    }
+  }
+}
+
+TEST_CASE("verification kernels equal CPU verify/commit with random accepted lengths; snapshot baseline equals sequential decode") {
+  boost::random::mt19937_64 rng(test::kBaseSeed + 31337);
+  int n = 0;
+  for (const Case& c : cases()) {
+    for (int T : {1, 2, 4, 8}) {
+      const DecodeShape& s = c.shape;
+      const int L = 16;
+      const auto policy = ssm::PrecisionPolicy::parse("shared:fp32@16");
+      ssm::ReplayDecoderOptions opts;
+      opts.max_draft = T;
+      std::vector<std::unique_ptr<ssm::ReplayDecoder>> cpu;
+      for (int b = 0; b < s.batch; ++b)
+        for (int g = 0; g < s.key_heads; ++g)
+          cpu.push_back(std::make_unique<ssm::ReplayDecoder>(ssm::HeadGroupShape{recurrence_of(c.kind), s.dk, s.dv, s.heads_per_group()},
+                                                             policy, ssm::HeadGroupId{static_cast<uint32_t>(b), static_cast<uint32_t>(g)}, opts));
+      StateBuffers ck(StorageFormat::fp32, s);
+      cuda::ReplayConfig config;
+      config.window = L;
+      config.hp = ck.view;
+      RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
+      DeviceArray<int> accepted(s.batch);
+      InputGen gen(test::kBaseSeed + 12000 + n, c.slow_decay);
+      ErrorMeter meter;
+      for (int round = 0; round < 24; ++round) {
+        const HostStep h = gen.make(c.kind, s, T);
+        DeviceStep d(h, s.heads() * s.dv * T);
+        cuda::verify_step(c.kind, s, T, d.inputs(), config, rec.view, nullptr);
+        REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto out = d.out.download();
+        std::vector<int> acc(s.batch);
+        for (int b = 0; b < s.batch; ++b) acc[b] = boost::random::uniform_int_distribution<int>(1, T)(rng);
+        accepted.upload(acc);
+        cuda::commit_step(s, accepted.ptr, rec.view, nullptr);
+        for (int b = 0; b < s.batch; ++b)
+          for (int g = 0; g < s.key_heads; ++g) {
+            std::vector<ssm::GroupToken> drafts;
+            for (int t = 0; t < T; ++t) drafts.push_back(group_token(h, s, b, g, t));
+            std::vector<float> ref(static_cast<std::size_t>(T) * s.heads_per_group() * s.dv);
+            auto& dec = *cpu[b * s.key_heads + g];
+            dec.verify(drafts, ref.data());
+            dec.commit(acc[b]);
+            for (int t = 0; t < T; ++t) {
+              std::vector<float> ref_t(ref.begin() + static_cast<std::ptrdiff_t>(t) * s.heads_per_group() * s.dv,
+                                       ref.begin() + static_cast<std::ptrdiff_t>(t + 1) * s.heads_per_group() * s.dv);
+              const std::size_t off = ((static_cast<std::size_t>(b) * T + t) * s.value_heads + g * s.heads_per_group()) * s.dv;
+              meter.add(out, off, ref_t);
+            }
+          }
+      }
+      REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+      std::printf("verify %s T=%d B=%d G=%d H=%d dk=%d dv=%d: max rel err %.2e over 24 rounds\n", kind_name(c.kind), T,
+                  s.batch, s.key_heads, s.value_heads, s.dk, s.dv, meter.relative());
+      CHECK(meter.relative() <= 1e-5);
+
+      // Snapshot baseline from a zero state: T sequential steps, every snapshot equals the CPU state.
+      const auto conv = ssm::PrecisionPolicy::parse("conv:fp32");
+      const HostStep h = gen.make(c.kind, s, T);
+      DeviceStep d(h, s.heads() * s.dv * T);
+      DeviceArray<float> zero_state(s.heads() * s.head_elements()), snaps(s.heads() * s.head_elements() * T);
+      cuda::snapshot_verify_step(c.kind, s, T, d.inputs(), zero_state.ptr, snaps.ptr, nullptr);
+      REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto out = d.out.download();
+      const auto snap = snaps.download();
+      ErrorMeter snap_out, snap_state;
+      for (int b = 0; b < s.batch; ++b)
+        for (int g = 0; g < s.key_heads; ++g) {
+          ssm::ConventionalDecoder dec({recurrence_of(c.kind), s.dk, s.dv, s.heads_per_group()}, conv);
+          for (int t = 0; t < T; ++t) {
+            std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+            dec.step(group_token(h, s, b, g, t), ref.data());
+            const std::size_t off = ((static_cast<std::size_t>(b) * T + t) * s.value_heads + g * s.heads_per_group()) * s.dv;
+            snap_out.add(out, off, ref);
+            for (int j = 0; j < s.heads_per_group(); ++j) {
+              const auto& S = dec.state(j);
+              const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group() + j;
+              std::vector<float> ref_state(S.data(), S.data() + S.size());
+              snap_state.add(snap, (t * s.heads() + head) * s.head_elements(), ref_state);
+            }
+          }
+        }
+      std::printf("snapshot %s T=%d: outputs %.2e, states %.2e\n", kind_name(c.kind), T, snap_out.relative(), snap_state.relative());
+      CHECK(snap_out.relative() <= 1e-5);
+      CHECK(snap_state.relative() <= 1e-5);
+      ++n;
+    }
+  }
+}

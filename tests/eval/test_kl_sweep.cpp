@@ -1,0 +1,429 @@
+// End-to-end tests of the KL sweep on a real (tiny) SSM model: the result file's schema read back
+// with the HDF5 C API, KL against a direct computation, resume after an interruption, refusal to
+// overwrite, --force, a configuration that changes between runs, the output lock and NaN states.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <boost/random/mersenne_twister.hpp>
+#include <boost/random/uniform_int_distribution.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "eval/kl_sweep.h"
+#include "io/hdf5_results.h"
+#include "test_util.h"
+#include "tiny_ssm_model.h"
+
+using namespace replayssm;
+using replayssm::test::TinySsmModel;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("replayssm_test_kl_sweep_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<eval::SweepBook> make_books(int count, int n_tokens, int vocab, uint64_t seed) {
+  boost::random::mt19937_64 rng(seed);
+  boost::random::uniform_int_distribution<int> tok(0, vocab - 1);
+  std::vector<eval::SweepBook> books;
+  for (int b = 0; b < count; ++b) {
+    eval::SweepBook sb;
+    sb.name = fmt::format("book{:02}", b);
+    sb.source = sb.name + ".txt";
+    sb.tokens.resize(static_cast<std::size_t>(n_tokens));
+    for (auto& t : sb.tokens) t = tok(rng);
+    sb.n_tokens = n_tokens;
+    sb.text_fnv1a64 = io::hex64(io::fnv1a64(sb.tokens.data(), sb.tokens.size()));
+    books.push_back(std::move(sb));
+  }
+  return books;
+}
+
+eval::SweepOptions options(const fs::path& out, int64_t n, const std::vector<std::string>& specs,
+                           std::vector<int> windows = {4}) {
+  eval::SweepOptions o;
+  o.n_positions = n;
+  o.policies = eval::expand_policies(specs, windows, {0});
+  o.out_path = out.string();
+  o.chunk_rows = 64;
+  o.threads = 2;
+  o.progress = "off";
+  o.command_line = "test_eval";
+  return o;
+}
+
+std::vector<std::string> listing(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+double direct_kl(const float* a, const float* b, int vocab) {
+  double za = 0, zb = 0;
+  for (int i = 0; i < vocab; ++i) {
+    za += std::exp(double(a[i]));
+    zb += std::exp(double(b[i]));
+  }
+  double kl = 0;
+  for (int i = 0; i < vocab; ++i) {
+    const double p = std::exp(double(a[i])) / za;
+    if (p > 0) kl += p * (std::log(p) - (double(b[i]) - std::log(zb)));
+  }
+  return kl;
+}
+
+}  // namespace
+
+TEST_CASE("policy lists: defaults, ',seed=' kept with its policy, windows and seeds expansion") {
+  CHECK(eval::default_policy_specs().size() == 9);
+  const auto defaults = eval::expand_policies(eval::default_policy_specs(), {}, {});
+  REQUIRE(defaults.size() == 9);
+  CHECK(defaults[0].to_string() == "shared:fp16+sr@16");
+  CHECK(defaults[8].to_string() == "split:nvfp4+rtn/fp8b128+sr@16");
+
+  CHECK(eval::split_policy_list("conv:fp32, shared:nvfp4+sr@16,seed=3 ,split:nvfp4/fp16+sr") ==
+        std::vector<std::string>{"conv:fp32", "shared:nvfp4+sr@16,seed=3", "split:nvfp4/fp16+sr"});
+  CHECK(eval::split_policy_list(" , ").empty());
+
+  const auto p = eval::expand_policies({"shared:fp8+sr", "shared:nvfp4+rtn", "split:nvfp4/fp32@8", "conv:fp16+sr",
+                                        "shared:fp16+sr@32,seed=9", "shared:fp8b128+sr@4"},
+                                       {4, 16}, {0, 1});
+  std::vector<std::string> names;
+  for (const auto& x : p) names.push_back(x.to_string());
+  CHECK(names == std::vector<std::string>{
+                     "shared:fp8b128+sr@4", "shared:fp8b128+sr@4,seed=1", "shared:fp8b128+sr@16",
+                     "shared:fp8b128+sr@16,seed=1", "shared:nvfp4+rtn@4", "shared:nvfp4+rtn@16",
+                     "split:nvfp4+rtn/fp32@8", "conv:fp16+sr", "conv:fp16+sr,seed=1", "shared:fp16+sr@32,seed=9"});
+  CHECK_THROWS_AS(eval::expand_policies({"shared:nvfp5+sr"}, {}, {}), std::invalid_argument);
+  const auto j = eval::policy_json(ssm::PrecisionPolicy::parse("split:nvfp4/fp16+sr@16,seed=2"));
+  CHECK(j["scheme"] == "split");
+  CHECK(j["read"]["format"] == "nvfp4");
+  CHECK(j["read"]["rounding"] == "rtn");
+  CHECK(j["recur"]["rounding"] == "sr");
+  CHECK(j["window"] == 16);
+  CHECK(j["seed"] == 2);
+  CHECK(j["stochastic_rounding"] == true);
+}
+
+TEST_CASE("a sweep writes the documented schema, and its KL is the model's KL computed directly") {
+  const fs::path dir = fresh_dir("schema");
+  TinySsmModel model({});
+  const int64_t N = 200;
+  const auto books = make_books(2, N + 5, model.vocab_size(), 11);
+  auto o = options(dir / "res.h5", N, {"shared:nvfp4+sr", "split:nvfp4+rtn/fp32", "conv:fp32"});
+  const eval::SweepOutcome r = eval::run_kl_sweep(model, books, o);
+  CHECK_FALSE(r.already_complete);
+  CHECK(r.cells_total == 6);
+  CHECK(r.cells_run == 6);
+  CHECK(model.forward_calls() == 2 + 6);  // one reference per book, one per cell
+  CHECK(listing(dir) == std::vector<std::string>{"res.h5"});  // no lock, work dir or temporaries left
+  REQUIRE(r.rows.size() == 3);
+  CHECK(r.rows[0].policy == "shared:nvfp4+sr@4");
+
+  // Read back with the C API.
+  io::h5::Handle f = io::h5::open_file((dir / "res.h5").string());
+  CHECK(io::h5::read_attr_string(f, "schema") == "replayssm-kl-sweep");
+  CHECK(io::h5::read_attr_int(f, "schema_version") == 1);
+  CHECK(io::h5::read_attr_int(f, "complete") == 1);
+  CHECK(io::h5::read_attr_int(f, "n_positions") == N);
+  CHECK(io::h5::read_attr_int(f, "n_books") == 2);
+  CHECK(io::h5::read_attr_string(f, "model_hash") == model.content_hash());
+  CHECK(io::h5::read_attr_string(f, "reference_policy") == "conv:fp32");
+  CHECK(io::h5::read_attr_string(f, "command_line") == "test_eval");
+  CHECK(io::h5::read_attr_string(f, "created").size() == 20);
+  const auto id = nlohmann::json::parse(io::h5::read_attr_string(f, "sweep"));
+  CHECK(id == eval::sweep_identity(model, books, o));
+  CHECK(io::h5::read_strings(f, "config_order") ==
+        std::vector<std::string>{"shared:nvfp4+sr@4", "split:nvfp4+rtn|fp32@4", "conv:fp32"});
+  CHECK(io::h5::read_dataset<int64_t>(f, "bucket_edges") == eval::length_bucket_edges(N));
+  {
+    io::h5::Handle b = io::h5::open_group(f, "books");
+    CHECK(io::h5::read_strings(b, "name") == std::vector<std::string>{"book00", "book01"});
+    std::vector<hsize_t> dims;
+    const auto tokens = io::h5::read_dataset<int32_t>(b, "tokens", &dims);
+    CHECK(dims == std::vector<hsize_t>{2, static_cast<hsize_t>(N + 1)});
+    CHECK(std::equal(tokens.begin(), tokens.begin() + N + 1, books[0].tokens.begin()));
+  }
+  io::h5::Handle configs = io::h5::open_group(f, "configs");
+  const std::size_t K = eval::length_bucket_edges(N).size() - 1;
+  for (const auto& [name, policy] : std::vector<std::pair<std::string, std::string>>{
+           {"shared:nvfp4+sr@4", "shared:nvfp4+sr@4"}, {"split:nvfp4+rtn|fp32@4", "split:nvfp4+rtn/fp32@4"}}) {
+    CAPTURE(name);
+    io::h5::Handle g = io::h5::open_group(configs, name);
+    CHECK(io::h5::read_attr_string(g, "policy") == policy);
+    CHECK(io::h5::read_attr_int(g, "complete") == 1);
+    const auto cj = nlohmann::json::parse(io::h5::read_attr_string(g, "config"));
+    CHECK(cj["window"] == 4);
+    CHECK(cj["n_positions"] == N);
+    CHECK(cj["books"] == nlohmann::json::array({"book00", "book01"}));
+    std::vector<hsize_t> dims;
+    const auto kl = io::h5::read_dataset<float>(g, "kl", &dims);
+    CHECK(dims == std::vector<hsize_t>{2, static_cast<hsize_t>(N)});
+    io::h5::read_dataset<double>(g, "bucket_mean", &dims);
+    CHECK(dims == std::vector<hsize_t>{2, K});
+    io::h5::read_dataset<double>(g, "percentiles", &dims);
+    CHECK(dims == std::vector<hsize_t>{2, 4});
+    CHECK(io::h5::read_row(g, "kl", 1) == std::vector<float>(kl.begin() + N, kl.end()));
+
+    // Direct computation from the model for book 1.
+    const std::span<const int32_t> in(books[1].tokens.data(), static_cast<std::size_t>(N));
+    const auto h_ref = model.final_hidden(in, ssm::PrecisionPolicy::parse("conv:fp32"));
+    const auto h_cfg = model.final_hidden(in, ssm::PrecisionPolicy::parse(policy));
+    const auto lr = model.log_probs(h_ref), lc = model.log_probs(h_cfg);
+    double sum = 0, max_kl = 0;
+    for (int64_t t = 0; t < N; ++t) {
+      const double d = direct_kl(lr.row(t).data(), lc.row(t).data(), model.vocab_size());
+      CHECK(kl[static_cast<std::size_t>(N + t)] == doctest::Approx(d).epsilon(1e-6));
+      sum += d;
+      max_kl = std::max(max_kl, d);
+    }
+    const auto mean = io::h5::read_dataset<double>(g, "mean_kl");
+    CHECK(mean[1] == doctest::Approx(sum / N).epsilon(1e-9));
+    CHECK(sum > 0);  // low-precision state does change the distributions
+    const auto pct = io::h5::read_dataset<double>(g, "percentiles");
+    CHECK(pct[4 + 3] == doctest::Approx(max_kl).epsilon(1e-6));
+
+    // The aggregate pools both books.
+    io::h5::Handle a = io::h5::open_group(g, "aggregate");
+    const auto bsum = io::h5::read_dataset<double>(g, "bucket_sum");
+    const auto bcount = io::h5::read_dataset<int64_t>(g, "bucket_count");
+    const auto asum = io::h5::read_dataset<double>(a, "bucket_sum");
+    const auto amean = io::h5::read_dataset<double>(a, "bucket_mean");
+    for (std::size_t k = 0; k < K; ++k) {
+      CHECK(asum[k] == doctest::Approx(bsum[k] + bsum[K + k]).epsilon(1e-12));
+      CHECK(amean[k] == doctest::Approx((bsum[k] + bsum[K + k]) / double(bcount[k] + bcount[K + k])).epsilon(1e-12));
+    }
+    CHECK(io::h5::read_dataset<int64_t>(a, "nonfinite_positions")[0] == 0);
+    CHECK(io::h5::read_dataset<int64_t>(a, "positions")[0] == 2 * N);
+  }
+  {  // conv:fp32 against itself: KL exactly 0 everywhere, top-1 always agrees.
+    io::h5::Handle g = io::h5::open_group(configs, "conv:fp32");
+    for (float v : io::h5::read_dataset<float>(g, "kl")) CHECK(v == 0.0f);
+    CHECK(io::h5::read_dataset<double>(g, "top1") == std::vector<double>{1.0, 1.0});
+  }
+  // The reader used for resume checks and the summary table.
+  const io::ResultsSummary s = io::read_results_summary((dir / "res.h5").string());
+  CHECK(s.complete);
+  REQUIRE(s.configs.size() == 3);
+  CHECK(s.configs[1].policy == "split:nvfp4+rtn/fp32@4");
+  CHECK(s.configs[1].aggregate.mean_kl() == doctest::Approx(r.rows[1].stats.mean_kl()).epsilon(1e-12));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("an interrupted sweep resumes: finished cells are skipped and the result is identical") {
+  const fs::path dir = fresh_dir("resume");
+  TinySsmModel model({});
+  const int64_t N = 150;
+  const auto books = make_books(2, N + 1, model.vocab_size(), 12);
+  const std::vector<std::string> specs = {"shared:nvfp4+sr", "split:nvfp4+rtn/fp16+sr", "shared:fp16+rtn"};
+
+  eval::run_kl_sweep(model, books, options(dir / "whole.h5", N, specs));
+
+  model.reset_counters();
+  model.fail_after_forwards(4);  // book 0: reference + 3 configurations, then book 1's reference fails
+  auto o = options(dir / "res.h5", N, specs);
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, o), doctest::Contains("simulated interruption"));
+  CHECK_FALSE(fs::exists(dir / "res.h5"));
+  const fs::path work = dir / ".res.h5.parts";
+  REQUIRE(fs::exists(work));
+  CHECK(listing(work) == std::vector<std::string>{"c0000-b00000.h5", "c0001-b00000.h5", "c0002-b00000.h5",
+                                                  "sweep.json"});
+  // Temporaries of a killed run are cleaned up by the next one.
+  std::ofstream(dir / ".res.h5.tmp-999999") << "partial";
+  std::ofstream(work / ".c0000-b00001.h5.tmp-999999") << "partial";
+
+  model.reset_counters();
+  std::ostringstream log;
+  o.log = &log;
+  const eval::SweepOutcome r = eval::run_kl_sweep(model, books, o);
+  CHECK(r.cells_resumed == 3);
+  CHECK(r.cells_run == 3);
+  CHECK(model.forward_calls() == 1 + 3);  // book 0 is not run again, not even its reference
+  CHECK(log.str().find("resuming: 3 of 6") != std::string::npos);
+  CHECK(log.str().find("removed") != std::string::npos);
+  CHECK(listing(dir) == std::vector<std::string>{"res.h5", "whole.h5"});
+
+  io::h5::Handle a = io::h5::open_file((dir / "whole.h5").string());
+  io::h5::Handle b = io::h5::open_file((dir / "res.h5").string());
+  for (const char* g : {"configs/shared:nvfp4+sr@4", "configs/split:nvfp4+rtn|fp16+sr@4", "configs/shared:fp16+rtn@4"}) {
+    CAPTURE(g);
+    io::h5::Handle ga = io::h5::open_group(a, g), gb = io::h5::open_group(b, g);
+    CHECK(io::h5::read_dataset<float>(ga, "kl") == io::h5::read_dataset<float>(gb, "kl"));
+    CHECK(io::h5::read_dataset<double>(ga, "bucket_sum") == io::h5::read_dataset<double>(gb, "bucket_sum"));
+    CHECK(io::h5::read_dataset<double>(ga, "aggregate/percentiles") ==
+          io::h5::read_dataset<double>(gb, "aggregate/percentiles"));
+  }
+  CHECK(io::h5::read_attr_string(a, "sweep") == io::h5::read_attr_string(b, "sweep"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("existing results: same settings -> nothing to do; different -> refused unless --force") {
+  const fs::path dir = fresh_dir("force");
+  TinySsmModel model({});
+  const int64_t N = 100;
+  const auto books = make_books(1, N + 1, model.vocab_size(), 13);
+  const fs::path out = dir / "res.h5";
+  eval::run_kl_sweep(model, books, options(out, N, {"shared:nvfp4+sr"}));
+  const std::string before = file_bytes(out);
+
+  model.reset_counters();
+  const eval::SweepOutcome same = eval::run_kl_sweep(model, books, options(out, N, {"shared:nvfp4+sr"}));
+  CHECK(same.already_complete);
+  CHECK(same.cells_run == 0);
+  CHECK(model.forward_calls() == 0);
+  REQUIRE(same.rows.size() == 1);
+  CHECK(same.rows[0].policy == "shared:nvfp4+sr@4");
+  CHECK(file_bytes(out) == before);
+
+  // A configuration added between runs.
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, options(out, N, {"shared:nvfp4+sr", "shared:fp16+sr"})),
+                    doctest::Contains("configurations: added shared:fp16+sr@4"));
+  // A different length, a different model.
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, options(out, N - 1, {"shared:nvfp4+sr"})),
+                    doctest::Contains("n_positions: 100 -> 99"));
+  TinySsmModel other({.seed = 99});
+  CHECK_THROWS_WITH(eval::run_kl_sweep(other, books, options(out, N, {"shared:nvfp4+sr"})),
+                    doctest::Contains("--force"));
+  CHECK(model.forward_calls() == 0);
+  CHECK(file_bytes(out) == before);
+
+  // --force replaces it.
+  auto forced = options(out, N, {"shared:nvfp4+sr", "shared:fp16+sr"});
+  forced.force = true;
+  const eval::SweepOutcome f = eval::run_kl_sweep(model, books, forced);
+  CHECK(f.cells_run == 2);
+  CHECK(io::read_results_summary(out.string()).configs.size() == 2);
+
+  // Something that is not a result file is not overwritten either.
+  const fs::path notes = dir / "notes.h5";
+  std::ofstream(notes) << "my notes";
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, options(notes, N, {"shared:nvfp4+sr"})),
+                    doctest::Contains("not a readable kl-sweep result file"));
+  CHECK(file_bytes(notes) == "my notes");
+
+  // Partial results of a different sweep are not mixed in.
+  model.reset_counters();
+  model.fail_after_forwards(2);
+  CHECK_THROWS(eval::run_kl_sweep(model, books, options(dir / "p.h5", N, {"shared:nvfp4+sr", "shared:fp16+sr"})));
+  model.reset_counters();
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, options(dir / "p.h5", N, {"shared:nvfp4+sr"})),
+                    doctest::Contains("interrupted sweep with different settings"));
+  auto discard = options(dir / "p.h5", N, {"shared:nvfp4+sr"});
+  discard.force = true;
+  CHECK(eval::run_kl_sweep(model, books, discard).cells_run == 1);
+  CHECK_FALSE(fs::exists(dir / ".p.h5.parts"));
+
+  // An interrupted forced run (replacing res.h5 by a different sweep) resumes when run again.
+  auto forced2 = options(out, N, {"shared:nvfp4+sr", "shared:fp16+sr", "shared:fp16+rtn"});
+  forced2.force = true;
+  model.reset_counters();
+  model.fail_after_forwards(3);  // reference + 2 cells of the one book
+  CHECK_THROWS(eval::run_kl_sweep(model, books, forced2));
+  CHECK(io::read_results_summary(out.string()).configs.size() == 2);  // the old result is intact
+  model.reset_counters();
+  const eval::SweepOutcome resumed = eval::run_kl_sweep(model, books, forced2);
+  CHECK(resumed.cells_resumed == 2);
+  CHECK(resumed.cells_run == 1);
+  CHECK(io::read_results_summary(out.string()).configs.size() == 3);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a second sweep on the same output is stopped by the lock") {
+  const fs::path dir = fresh_dir("lock");
+  TinySsmModel model({});
+  const auto books = make_books(1, 51, model.vocab_size(), 14);
+  const int fd = ::open((dir / ".res.h5.lock").c_str(), O_CREAT | O_RDWR, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, options(dir / "res.h5", 50, {"shared:nvfp4+sr"})),
+                    doctest::Contains("another kl-sweep"));
+  ::close(fd);
+  CHECK(eval::run_kl_sweep(model, books, options(dir / "res.h5", 50, {"shared:nvfp4+sr"})).cells_run == 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("an overflowing state gives NaN positions: counted, stored, excluded, never fatal") {
+  const fs::path dir = fresh_dir("nan");
+  TinySsmModel model({.v_scale = 3e5f});
+  const int64_t N = 256;
+  const auto books = make_books(2, N + 1, model.vocab_size(), 15);
+  auto o = options(dir / "res.h5", N, {"conv:fp16+rtn", "split:nvfp4+rtn/fp32"});
+  std::ostringstream log;
+  o.log = &log;
+  const eval::SweepOutcome r = eval::run_kl_sweep(model, books, o);
+  REQUIRE(r.rows.size() == 2);
+  const eval::KlStats& fp16 = r.rows[0].stats;
+  CHECK(fp16.nonfinite_positions > 0);
+  CHECK(fp16.nonfinite_values > 0);
+  CHECK(fp16.finite_positions + fp16.nonfinite_positions == 2 * N);
+  CHECK(fp16.ref_nonfinite_positions == 0);
+  if (fp16.finite_positions > 0) CHECK(std::isfinite(fp16.mean_kl()));
+  CHECK(r.rows[1].stats.nonfinite_positions == 0);
+  CHECK(log.str().find("non-finite (first at position") != std::string::npos);
+  io::h5::Handle f = io::h5::open_file((dir / "res.h5").string());
+  io::h5::Handle g = io::h5::open_group(f, "configs/conv:fp16+rtn");
+  int64_t stored_nan = 0;
+  for (float v : io::h5::read_dataset<float>(g, "kl")) stored_nan += !std::isfinite(v);
+  CHECK(stored_nan == fp16.nonfinite_positions);
+  const auto per_book = io::h5::read_dataset<int64_t>(g, "nonfinite_positions");
+  CHECK(per_book[0] + per_book[1] == fp16.nonfinite_positions);
+  CHECK(eval::format_summary_table(r.rows).find("%)") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("bad inputs are refused before any work, with messages for the command line") {
+  const fs::path dir = fresh_dir("inputs");
+  TinySsmModel model({});
+  auto books = make_books(1, 40, model.vocab_size(), 16);
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, options(dir / "r.h5", 40, {"shared:nvfp4+sr"})),
+                    doctest::Contains("needs 41 (N + 1)"));
+  books[0].tokens[3] = model.vocab_size();
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, options(dir / "r.h5", 20, {"shared:nvfp4+sr"})),
+                    doctest::Contains("outside the model's vocabulary"));
+  books[0].tokens[3] = 0;
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, options(dir / "r.h5", 0, {"shared:nvfp4+sr"})),
+                    doctest::Contains("at least 1"));
+  auto none = options(dir / "r.h5", 20, {});
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, none), doctest::Contains("no configuration"));
+  CHECK(model.forward_calls() == 0);
+  CHECK(listing(dir).empty());
+  fs::remove_all(dir);
+}
+
+// Writes a small result file for tests/python (h5py reads it back and plots it). Skipped in a
+// normal run; pytest runs it as
+//   REPLAYSSM_SAMPLE_RESULTS=/tmp/x.h5 test_eval --no-skip -tc="sample result file*"
+TEST_CASE("sample result file for the Python tests" * doctest::skip()) {
+  const char* path = std::getenv("REPLAYSSM_SAMPLE_RESULTS");
+  REQUIRE(path != nullptr);
+  TinySsmModel model({.v_scale = 2e4f});
+  const int64_t N = 600;
+  const auto books = make_books(2, N + 1, model.vocab_size(), 17);
+  auto o = options(path, N,
+                   {"shared:fp16+sr", "shared:fp16+rtn", "shared:nvfp4+sr", "shared:nvfp4+rtn", "split:nvfp4+rtn/fp32",
+                    "split:nvfp4+rtn/fp16+sr", "conv:fp16+rtn"},
+                   {4, 16});
+  o.force = true;
+  const eval::SweepOutcome r = eval::run_kl_sweep(model, books, o);
+  CHECK(r.cells_run == static_cast<int64_t>(2 * o.policies.size()));
+}

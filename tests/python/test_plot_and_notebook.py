@@ -1,0 +1,372 @@
+"""KL-sweep results in Python: the documented HDF5 schema read with h5py (a file built here and one
+written by the C++ sweep), scripts/plot_kl.py (all three kinds), notebooks/kl_vs_length.ipynb run
+with nbconvert, and scripts/tokenize.py (byte-level and a real Hugging Face tokenizer)."""
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PLOT = ROOT / "scripts" / "plot_kl.py"
+TOKENIZE = ROOT / "scripts" / "tokenize.py"
+NOTEBOOK = ROOT / "notebooks" / "kl_vs_length.ipynb"
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+plot_kl = _load("plot_kl_under_test", PLOT)
+
+
+def length_bucket_edges(n):
+    """The C++ rule (src/eval/kl_metrics.h)."""
+    e = 1
+    while e * 2 <= n // 64:
+        e *= 2
+    e = min(max(e, 16), 1024)
+    edges = [0]
+    x = e
+    while x < n:
+        edges.append(x)
+        x *= 2
+    edges.append(n)
+    return np.array(edges, dtype=np.int64)
+
+
+def stats(kl, edges):
+    """Per-book statistics as the schema defines them, from per-position KL [B, N]."""
+    finite = np.isfinite(kl)
+    B, N = kl.shape
+    K = len(edges) - 1
+    lengths = np.arange(1, N + 1)
+    bucket = np.searchsorted(edges[1:], lengths, side="left")
+    bsum = np.zeros((B, K))
+    bcount = np.zeros((B, K), dtype=np.int64)
+    for k in range(K):
+        m = (bucket == k)[None, :] & finite
+        bsum[:, k] = np.where(m, kl.astype(np.float64), 0).sum(axis=1)
+        bcount[:, k] = m.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bmean = bsum / bcount
+    pct = np.array([np.percentile(row[np.isfinite(row)].astype(np.float64), [50, 90, 99, 100])
+                    if np.isfinite(row).any() else [np.nan] * 4 for row in kl])
+    return bsum, bcount, bmean, pct
+
+
+def make_results(path, n=131072, books=2, windows=(16,), seed=0):
+    """A result file in the documented schema, with paper-like curves: shared checkpoints grow with
+    length, separate precisions stay flat, shared fp16+rtn overflows (NaN) after 40K."""
+    rng = np.random.default_rng(seed)
+    edges = length_bucket_edges(n)
+    pos = np.arange(1, n + 1, dtype=np.float64)
+    families = {
+        "shared:fp16+sr": 1e-4 * (pos / 1024) ** 0.5,
+        "shared:fp16+rtn": 5e-5 * (pos / 1024) ** 0.9,
+        "shared:nvfp4+sr": 4e-3 * (pos / 1024) ** 0.7,
+        "shared:nvfp4+rtn": 2e-3 * (pos / 1024) ** 1.0,
+        "split:nvfp4+rtn/fp32": np.full(n, 3.8e-3),
+        "split:nvfp4+rtn/fp16+sr": np.full(n, 3.9e-3),
+    }
+    configs = []
+    for fam, curve in families.items():
+        for L in windows:
+            policy = f"{fam}@{L}"
+            kl = (curve[None, :] * rng.lognormal(0, 0.5, size=(books, n)) * (1 + 0.01 * L)).astype(np.float32)
+            if fam == "shared:fp16+rtn":
+                kl[:, 40000:] = np.nan
+            configs.append((policy, kl))
+    with h5py.File(path, "w") as f:
+        a = f.attrs
+        a["schema"] = "replayssm-kl-sweep"
+        a["schema_version"] = np.int64(1)
+        a["complete"] = np.int64(1)
+        for k, v in {"toolkit_version": "0.1.0 (git test)", "git_commit": "test", "created": "2026-11-30T00:00:00Z",
+                     "command_line": "pytest", "model_description": "synthetic", "model_hash": "0",
+                     "model_dir": "", "text_dir": "", "tokens_dir": "", "tokenizer": "bytes",
+                     "tokenization": "bytes", "reference_policy": "conv:fp32",
+                     "toolkit_versions_used": '["0.1.0 (git test)"]', "sweep": "{}"}.items():
+            a[k] = v
+        a["n_positions"] = np.int64(n)
+        a["n_books"] = np.int64(books)
+        f["bucket_edges"] = edges
+        names = [p.replace("/", "|") for p, _ in configs]
+        f.create_dataset("config_order", data=np.array(names, dtype=object), dtype=h5py.string_dtype())
+        g = f.create_group("books")
+        g.create_dataset("name", data=np.array([f"b{i}" for i in range(books)], dtype=object),
+                         dtype=h5py.string_dtype())
+        g.create_dataset("source", data=np.array([f"b{i}.txt" for i in range(books)], dtype=object),
+                         dtype=h5py.string_dtype())
+        g.create_dataset("text_fnv1a64", data=np.array(["0" * 16] * books, dtype=object), dtype=h5py.string_dtype())
+        g["n_tokens"] = np.full(books, n + 1, dtype=np.int64)
+        g["tokens"] = np.zeros((books, n + 1), dtype=np.int32)
+        cg = f.create_group("configs")
+        for (policy, kl), name in zip(configs, names):
+            c = cg.create_group(name)
+            c.attrs["policy"] = policy
+            c.attrs["config"] = json.dumps({"policy": policy, "window": int(policy.rsplit("@", 1)[1])})
+            c.attrs["complete"] = np.int64(1)
+            c.attrs["forward_seconds"] = 1.0
+            c.attrs["kl_seconds"] = 1.0
+            c.attrs["toolkit_version"] = "0.1.0 (git test)"
+            c.create_dataset("kl", data=kl, chunks=(1, min(n, 65536)), compression="gzip", shuffle=True)
+            bsum, bcount, bmean, pct = stats(kl, edges)
+            finite = np.isfinite(kl)
+            c["bucket_sum"], c["bucket_count"], c["bucket_mean"], c["percentiles"] = bsum, bcount, bmean, pct
+            c["percentiles"].attrs["levels"] = np.array([50.0, 90.0, 99.0, 100.0])
+            c["mean_kl"] = np.where(finite, kl, 0).astype(np.float64).sum(1) / finite.sum(1)
+            c["top1"] = np.full(books, 0.99)
+            c["delta_p"] = np.full(books, -1e-4)
+            c["positions"] = np.full(books, n, dtype=np.int64)
+            c["finite_positions"] = finite.sum(1).astype(np.int64)
+            c["nonfinite_positions"] = (~finite).sum(1).astype(np.int64)
+            c["ref_nonfinite_positions"] = np.zeros(books, dtype=np.int64)
+            c["nonfinite_values"] = (~finite).sum(1).astype(np.int64) * 3
+            ag = c.create_group("aggregate")
+            ag["bucket_sum"] = bsum.sum(0)
+            ag["bucket_count"] = bcount.sum(0)
+            with np.errstate(invalid="ignore"):
+                ag["bucket_mean"] = bsum.sum(0) / bcount.sum(0)
+            flat = kl[np.isfinite(kl)].astype(np.float64)
+            ag["percentiles"] = np.percentile(flat, [50, 90, 99, 100])
+            ag["mean_kl"] = flat.mean()
+            ag["top1"] = 0.99
+            ag["delta_p"] = -1e-4
+            ag["positions"] = np.int64(books * n)
+            ag["finite_positions"] = np.int64(finite.sum())
+            ag["nonfinite_positions"] = np.int64((~finite).sum())
+            ag["ref_nonfinite_positions"] = np.int64(0)
+            ag["nonfinite_values"] = np.int64((~finite).sum() * 3)
+    return path
+
+
+def run(args, **kw):
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=600, **kw)
+
+
+@pytest.fixture(scope="module")
+def paper_like(tmp_path_factory):
+    return make_results(tmp_path_factory.mktemp("kl") / "results.h5", windows=(4, 16, 64))
+
+
+def test_standard_tokenize_is_not_shadowed():
+    # conftest.py puts scripts/ first on sys.path, where scripts/tokenize.py lives.
+    import tokenize
+    assert hasattr(tokenize, "open") and hasattr(tokenize, "detect_encoding")
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import tokenize, linecache; "
+                        "assert hasattr(tokenize, 'open'), tokenize.__file__" % str(ROOT / "scripts")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_load_results_and_policy_names(paper_like):
+    res = plot_kl.load_results(paper_like)
+    assert res["n_positions"] == 131072
+    assert [c["policy"] for c in res["configs"]][:3] == ["shared:fp16+sr@4", "shared:fp16+sr@16", "shared:fp16+sr@64"]
+    assert list(res["edges"]) == [0, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+    p = plot_kl.parse_policy("split:nvfp4+rtn/fp16+sr@16,seed=2")
+    assert p == {"scheme": "split", "read": ("nvfp4", "rtn"), "recur": ("fp16", "sr"), "window": 16, "seed": 2,
+                 "family": "split:nvfp4+rtn/fp16+sr"}
+    assert plot_kl.pretty_name("split:nvfp4+rtn/fp32@16") == "separate: NVFP4+RTN read / FP32 recur, L=16"
+    assert plot_kl.pretty_name("shared:fp8b128+sr@16") == "shared: FP8+SR, L=16"
+
+
+def test_plot_length_window_and_table(paper_like, tmp_path):
+    out = tmp_path / "kl.png"
+    r = run([PLOT, paper_like, "-o", out])
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20000
+    win = tmp_path / "win.png"
+    r = run([PLOT, paper_like, "--kind", "window", "-o", win, "--configs", "nvfp4"])
+    assert r.returncode == 0, r.stderr
+    assert win.stat().st_size > 20000
+    txt = tmp_path / "table.txt"
+    r = run([PLOT, paper_like, "--kind", "table", "-o", txt, "--configs", "@16$"])
+    assert r.returncode == 0, r.stderr
+    assert "KL@1K" in r.stdout and "KL@128K" in r.stdout
+    lines = {l.split()[0]: l.split() for l in r.stdout.splitlines() if l.startswith(("shared", "split"))}
+    assert set(lines) == {"shared:fp16+sr@16", "shared:fp16+rtn@16", "shared:nvfp4+sr@16", "shared:nvfp4+rtn@16",
+                          "split:nvfp4+rtn/fp32@16", "split:nvfp4+rtn/fp16+sr@16"}
+    # fp16+rtn overflowed from position 40000 on: the 64K bucket is partly, the 128K bucket wholly non-finite.
+    assert lines["shared:fp16+rtn@16"][3].endswith("*") and lines["shared:fp16+rtn@16"][4] == "NaN/Inf"
+    assert txt.read_text().startswith("configuration")
+    # RTN and SR variants sit next to each other.
+    order = [l.split()[0] for l in r.stdout.splitlines() if l.startswith("shared:fp16")]
+    assert order == ["shared:fp16+rtn@16", "shared:fp16+sr@16"]
+
+
+def test_plot_errors_are_messages(tmp_path):
+    bad = tmp_path / "bad.h5"
+    with h5py.File(bad, "w") as f:
+        f.attrs["schema"] = "other"
+    r = run([PLOT, bad, "-o", tmp_path / "x.png"])
+    assert r.returncode == 1 and "not a replayssm kl-sweep result file" in r.stderr
+    r = run([PLOT, tmp_path / "missing.h5"])
+    assert r.returncode == 1 and "plot_kl.py:" in r.stderr
+
+
+def test_notebook_executes(paper_like, tmp_path):
+    out = tmp_path / "nb.ipynb"
+    env = dict(os.environ, REPLAYSSM_RESULTS=str(paper_like))
+    r = subprocess.run(["jupyter", "nbconvert", "--to", "notebook", "--execute", str(NOTEBOOK), "--output",
+                        str(out), "--ExecutePreprocessor.timeout=300"], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    nb = json.loads(out.read_text())
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) == 2  # KL vs length and the window sweep
+    text = "".join("".join(o.get("text", "")) for o in outputs)
+    assert "split:nvfp4+rtn/fp32@16" in text and "KL@128K" in text
+
+
+def _test_eval_binary():
+    env = os.environ.get("REPLAYSSM_TEST_EVAL")
+    if env:
+        return pathlib.Path(env)
+    cli = pathlib.Path(os.environ.get("REPLAYSSM_BIN", ROOT / "build" / "replayssm"))
+    return cli.parent / "tests" / "test_eval"
+
+
+def test_cpp_results_match_the_schema(tmp_path):
+    """A file written by the C++ sweep (tiny real SSM model), read back with h5py and checked against
+    numpy recomputations of every statistic; then plotted."""
+    exe = _test_eval_binary()
+    if not exe.exists():
+        pytest.skip(f"{exe} not built")
+    path = tmp_path / "cpp.h5"
+    r = subprocess.run([str(exe), "--no-skip", "-tc=sample result file*"], capture_output=True, text=True,
+                       env=dict(os.environ, REPLAYSSM_SAMPLE_RESULTS=str(path)), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with h5py.File(path, "r") as f:
+        a = f.attrs
+        assert a["schema"] == "replayssm-kl-sweep" and a["schema_version"] == 1 and a["complete"] == 1
+        n, nb = int(a["n_positions"]), int(a["n_books"])
+        for key in ["toolkit_version", "git_commit", "created", "command_line", "model_description", "model_hash",
+                    "model_dir", "text_dir", "tokens_dir", "tokenizer", "tokenization", "reference_policy"]:
+            assert isinstance(a[key], str), key
+        json.loads(a["sweep"])
+        assert json.loads(a["toolkit_versions_used"])
+        edges = f["bucket_edges"][:]
+        assert list(edges) == list(length_bucket_edges(n))
+        assert f["books/tokens"].shape == (nb, n + 1) and f["books/tokens"].dtype == np.int32
+        assert len(f["books/name"]) == nb
+        order = [x.decode() for x in f["config_order"][:]]
+        assert sorted(order) == sorted(f["configs"].keys())
+        saw_nonfinite = False
+        for name in order:
+            g = f["configs"][name]
+            assert g.attrs["complete"] == 1 and g.attrs["policy"].replace("/", "|") == name
+            cfg = json.loads(g.attrs["config"])
+            assert cfg["policy"] == g.attrs["policy"] and cfg["n_positions"] == n
+            kl = g["kl"][:]
+            assert kl.dtype == np.float32 and kl.shape == (nb, n)
+            assert g["kl"].compression == "gzip" and g["kl"].chunks[0] == 1
+            bsum, bcount, bmean, pct = stats(kl, edges)
+            np.testing.assert_array_equal(g["bucket_count"][:], bcount)
+            np.testing.assert_allclose(g["bucket_sum"][:], bsum, rtol=1e-6, atol=1e-12)
+            np.testing.assert_allclose(g["bucket_mean"][:], bmean, rtol=1e-6, atol=1e-12)
+            np.testing.assert_allclose(g["percentiles"][:], pct, rtol=1e-12)  # exact: same float32 values
+            assert list(g["percentiles"].attrs["levels"]) == [50, 90, 99, 100]
+            nonfinite = (~np.isfinite(kl)).sum(1)
+            np.testing.assert_array_equal(g["nonfinite_positions"][:], nonfinite)
+            np.testing.assert_array_equal(g["finite_positions"][:] + nonfinite, np.full(nb, n))
+            saw_nonfinite |= bool(nonfinite.sum())
+            ag = g["aggregate"]
+            np.testing.assert_array_equal(ag["bucket_count"][:], bcount.sum(0))
+            np.testing.assert_allclose(ag["bucket_sum"][:], bsum.sum(0), rtol=1e-6, atol=1e-12)
+            flat = kl[np.isfinite(kl)].astype(np.float64)
+            if flat.size:
+                np.testing.assert_allclose(ag["percentiles"][:], np.percentile(flat, [50, 90, 99, 100]), rtol=1e-12)
+                np.testing.assert_allclose(ag["mean_kl"][()], flat.mean(), rtol=1e-6)
+            assert ag["nonfinite_positions"][()] == nonfinite.sum()
+            assert 0 <= g["top1"][0] <= 1
+    assert saw_nonfinite  # the sample has overflowing fp16 states
+    r = run([PLOT, path, "-o", tmp_path / "cpp.png"])
+    assert r.returncode == 0, r.stderr
+    r = run([PLOT, path, "--kind", "window", "-o", tmp_path / "cppw.png"])
+    assert r.returncode == 0, r.stderr
+
+
+GUTENBERG = ("The Project Gutenberg EBook of T\r\n\r\n*** START OF THIS PROJECT GUTENBERG EBOOK T ***\r\n\r\n"
+             "{body}\r\nEnd of the Project Gutenberg EBook of T\r\n*** END OF THIS PROJECT GUTENBERG EBOOK T ***\r\n"
+             "licence text\r\n")
+
+
+def test_tokenize_bytes_and_manifest(tmp_path):
+    tok = _load("tokenize_under_test", TOKENIZE)
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "2.txt").write_bytes(("\ufeff" + GUTENBERG.format(body="Second book.")).encode())
+    (text / "1.txt").write_bytes(GUTENBERG.format(body="First book, caf\u00e9.").encode())
+    (text / "SOURCES.txt").write_text("not a book")
+    body, header, footer = tok.strip_gutenberg((text / "1.txt").read_bytes())
+    assert body == "First book, caf\u00e9.\n".encode() and header and footer
+    assert tok.fnv1a64(b"") == 0xCBF29CE484222325 and tok.fnv1a64(b"foobar") == 0x85944171F73967E8
+    out = tmp_path / "tok"
+    r = run([TOKENIZE, "--text-dir", text, "--tokenizer", "bytes", "--byte-offset", "3", "--out", out])
+    assert r.returncode == 0, r.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["format"] == "replayssm-tokens" and m["strip"] == "gutenberg-v1" and m["tokenizer"] == "bytes"
+    assert [b["source"] for b in m["books"]] == ["1.txt", "2.txt"]
+    ids = np.load(out / "1.npy")
+    assert ids.dtype == np.int32 and bytes((ids - 3).astype(np.uint8)) == body
+    assert m["books"][0]["text_fnv1a64"] == f"{tok.fnv1a64(body):016x}"
+    r = run([TOKENIZE, "--text-dir", tmp_path / "nothing", "--tokenizer", "bytes", "--out", out])
+    assert r.returncode != 0 and "no text found in" in r.stderr and "pg19/test" in r.stderr
+
+
+def test_tokenize_with_a_hugging_face_tokenizer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    # A small word-level tokenizer saved the way a model checkpoint ships it (tokenizer.json).
+    words = "first second book , . caf\u00e9".split()
+    vocab = {"[UNK]": 0, "<s>": 1, **{w: i + 2 for i, w in enumerate(words)}}
+    core = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", bos_token="<s>")
+    model_dir = tmp_path / "model"
+    fast.save_pretrained(model_dir)
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "1.txt").write_bytes(GUTENBERG.format(body="First book, caf\u00e9. Unknown").encode())
+    out = tmp_path / "tok"
+    r = run([TOKENIZE, "--text-dir", text, "--tokenizer", model_dir, "--out", out, "--add-bos"])
+    assert r.returncode == 0, r.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["tokenizer"] == str(model_dir) and m["add_bos"] and m["bos_token_id"] == 1
+    assert m["vocab_size"] == len(vocab) and m["books"][0]["encoding"] == "utf-8"
+    ids = np.load(out / "1.npy")
+    expected = [1] + fast("First book, caf\u00e9. Unknown\n", add_special_tokens=False)["input_ids"]
+    assert ids.tolist() == expected
+    assert ids.tolist() == [1, 0, 4, 5, 7, 6, 0]  # "First" is not "first": [UNK]
+
+
+def test_experiment_configs_parse(tmp_path):
+    """Every experiments/*.toml is accepted by kl-sweep (--dry-run: books and configurations only)."""
+    exe = pathlib.Path(os.environ.get("REPLAYSSM_BIN", ROOT / "build" / "replayssm"))
+    if not exe.exists():
+        pytest.skip(f"{exe} not built")
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "1.txt").write_text("x" * 300)
+    configs = sorted((ROOT / "experiments").glob("*.toml"))
+    assert {p.name for p in configs} >= {"fig5.toml", "fig12.toml", "fig13.toml", "table11.toml"}
+    for cfg in configs:
+        r = subprocess.run([str(exe), "kl-sweep", "MODEL", "--config", str(cfg), "--dry-run", "--text-dir",
+                            str(text), "--length", "100"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"{cfg.name}: {r.stderr}"
+        assert "configuration" in r.stderr
+    fig13 = subprocess.run([str(exe), "kl-sweep", "MODEL", "--config", str(ROOT / "experiments" / "fig13.toml"),
+                            "--dry-run", "--text-dir", str(text), "--length", "100"], capture_output=True, text=True)
+    assert "split:nvfp4+rtn/fp16+sr@64" in fig13.stderr and "20 configurations" in fig13.stderr
