@@ -1,0 +1,412 @@
+"""scripts/train_tiny.py: Gutenberg stripping, the PG-19 test-set refusal, and a few training steps of both
+architectures on the CPU (tiny preset, synthetic books, temporary folders).
+
+The stripping and refusal tests need only the standard library. The training tests need torch and
+transformers; without them they are skipped with the reason shown (pytest -rs). Run:
+    python3 -m pytest -q -rs tests/python/test_train_tiny.py
+"""
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import random
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, replayssm_binary
+
+SCRIPT = ROOT / "scripts" / "train_tiny.py"
+SHARED = ROOT.parent / "shared" / "data"
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tt = _load("train_tiny", SCRIPT)
+
+
+def _have(*mods):
+    return all(importlib.util.find_spec(m) is not None for m in mods)
+
+
+def _torch_problem():
+    """None when torch and transformers (with the Mamba-2 and Qwen3.5 classes) import, else why not."""
+    try:
+        import torch  # noqa: F401
+        import transformers
+    except Exception as e:  # ImportError, or a broken installation
+        return f"torch/transformers not importable ({type(e).__name__}: {e})"
+    classes = ("Mamba2ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5TextConfig")
+    missing = [c for c in classes if not hasattr(transformers, c)]
+    if missing:
+        return f"transformers {transformers.__version__} lacks {', '.join(missing)}"
+    return None
+
+
+TORCH_PROBLEM = _torch_problem()
+needs_torch = pytest.mark.skipif(TORCH_PROBLEM is not None,
+                                 reason=f"{TORCH_PROBLEM}: train_tiny.py's training, reload and scan tests need "
+                                        "them (CI installs neither)")
+
+
+WORDS = ("the of and to a in that it was he she his her with as for had you not be on at by which have or from "
+         "this him but all they were my are me one their so an said them we who would been will no when there "
+         "if more out up into do any your what has man could other than our some very time upon about may its "
+         "only now like little then can should made did us such great before must two these see know over much "
+         "down after first good men own never old day way").split()
+
+
+def fake_book(seed, n_words, title, crlf=True, bom=False, two_line_marker=False, small_footer=True):
+    """A Project Gutenberg-shaped file of pseudo-English (header, body, licence footer)."""
+    rng = random.Random(seed)
+    body_lines, line = [], []
+    for i in range(n_words):
+        w = rng.choice(WORDS)
+        line.append(w.capitalize() if not line or rng.random() < 0.05 else w)
+        if rng.random() < 0.08:
+            line[-1] += rng.choice([".", ",", ";", "!", "?"])
+        if len(" ".join(line)) > 60:
+            body_lines.append(" ".join(line))
+            line = []
+            if rng.random() < 0.15:
+                body_lines.append("")
+    body_lines.append(" ".join(line) + ".")
+    head = [f"The Project Gutenberg EBook of {title}", "", "This eBook is for the use of anyone anywhere.", ""]
+    if two_line_marker:
+        head += [f"***START OF THE PROJECT GUTENBERG EBOOK {title.upper()} AND A VERY LONG", "SUBTITLE***"]
+    else:
+        head += [f"*** START OF THIS PROJECT GUTENBERG EBOOK {title.upper()} ***"]
+    foot = ([f"End of the Project Gutenberg EBook of {title}", ""] if small_footer else []) + \
+        [f"*** END OF THIS PROJECT GUTENBERG EBOOK {title.upper()} ***", "", "Updated editions will replace the "
+         "previous one.", "START: FULL LICENSE"]
+    text = "\n".join(head + ["", "", "Produced by nobody.", "", ""] + body_lines + ["", "", ""] + foot) + "\n"
+    if crlf:
+        text = text.replace("\n", "\r\n")
+    raw = text.encode()
+    return (b"\xef\xbb\xbf" + raw) if bom else raw, ("\n".join(["Produced by nobody.", "", ""] + body_lines) +
+                                                      "\n").encode()
+
+
+def make_dirs(tmp_path, n_train=3, train_words=6000):
+    train = tmp_path / "gutenberg-train"
+    pg19 = tmp_path / "pg19" / "test"
+    train.mkdir()
+    pg19.mkdir(parents=True)
+    for i in range(n_train):
+        raw, _ = fake_book(100 + i, train_words, f"Training Book {i}", crlf=i % 2 == 0, two_line_marker=i == 1)
+        (train / f"{2000 + i}.txt").write_bytes(raw)
+    (train / "SOURCES.txt").write_text("not a book\n")
+    for i, name in enumerate(["10146.txt", "10321.txt", "10356.txt", "10762.txt"]):
+        raw, _ = fake_book(200 + i, 400, f"Test Book {i}", bom=i == 3, small_footer=i % 2 == 1)
+        (pg19 / name).write_bytes(raw)
+    return train, pg19
+
+
+def run_script(args, timeout=120):
+    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+# ---- stripping ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("crlf,bom,two_line,small_footer", [(True, False, False, True), (False, True, True, False),
+                                                           (True, True, True, True)])
+def test_strip_gutenberg_keeps_exactly_the_body(crlf, bom, two_line, small_footer):
+    raw, body = fake_book(7, 500, "A Title", crlf=crlf, bom=bom, two_line_marker=two_line,
+                          small_footer=small_footer)
+    out = tt.strip_gutenberg(raw)
+    assert out == body
+    assert b"\r" not in out and not out.startswith(b"\xef\xbb\xbf") and b"GUTENBERG" not in out.upper()
+
+
+def test_strip_gutenberg_edge_cases():
+    assert tt.strip_gutenberg(b"\n\n  \nplain text\r\nno markers\n\n") == b"plain text\nno markers\n"
+    with pytest.raises(tt.DataError, match="footer but no"):
+        tt.strip_gutenberg(b"text\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\n")
+    with pytest.raises(tt.DataError, match="no text left"):
+        tt.strip_gutenberg(b"*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\n*** END OF THE PROJECT GUTENBERG "
+                           b"EBOOK X ***\n")
+    # a marker that never closes: the body starts on the line after it
+    assert tt.strip_gutenberg(b"h\n*** START OF THE PROJECT GUTENBERG EBOOK X\n\nbody\n") == b"body\n"
+
+
+def test_strip_gutenberg_agrees_with_tokenize_script():
+    """Same bytes as scripts/tokenize.py (and so the C++ reader's gutenberg-v1), on fakes and, when present,
+    every shared Gutenberg book."""
+    if not (ROOT / "scripts" / "tokenize.py").exists() or not _have("numpy"):
+        pytest.skip("scripts/tokenize.py or numpy not available")
+    tk = _load("replayssm_tokenize_for_train_tiny", ROOT / "scripts" / "tokenize.py")
+    raws = [fake_book(s, 300, "T", crlf=s % 2 == 0, bom=s % 3 == 0, two_line_marker=s % 2 == 1)[0] for s in range(6)]
+    for d in (SHARED / "gutenberg-train", SHARED / "pg19" / "test"):
+        if d.is_dir():
+            raws += [p.read_bytes() for p in tt.list_books(d)]
+    for raw in raws:
+        assert tt.strip_gutenberg(raw) == tk.strip_gutenberg(raw)[0]
+
+
+# ---- never the PG-19 test books ---------------------------------------------------------------------------
+
+def test_refuses_the_pg19_test_folder(tmp_path):
+    train, pg19 = make_dirs(tmp_path, n_train=1, train_words=200)
+    out = tmp_path / "out"
+    common = ["--arch", "mamba2", "--out", out, "--pg19-dir", pg19, "--device", "cpu"]
+
+    r = run_script(["--train-dir", pg19, *common])
+    assert r.returncode == 2 and "refusing to train on the PG-19 test books" in r.stderr, r.stderr
+    r = run_script(["--train-dir", tmp_path / "pg19" / ".." / "pg19" / "test", *common])
+    assert r.returncode == 2 and "is the PG-19 test folder" in r.stderr, r.stderr
+
+    (train / "10321.txt").write_bytes(b"whatever\n")  # a test book's name
+    r = run_script(["--train-dir", train, *common])
+    assert r.returncode == 2 and "10321.txt" in r.stderr and "name of PG-19 test book" in r.stderr, r.stderr
+    (train / "10321.txt").unlink()
+
+    (train / "renamed.txt").write_bytes((pg19 / "10762.txt").read_bytes())  # a test book's contents
+    r = run_script(["--train-dir", train, *common])
+    assert r.returncode == 2 and "same contents as PG-19 test book 10762.txt" in r.stderr, r.stderr
+    (train / "renamed.txt").unlink()
+
+    other = tmp_path / "elsewhere" / "pg19" / "test"  # any folder named pg19/test, even with another --pg19-dir
+    other.mkdir(parents=True)
+    (other / "1.txt").write_bytes(b"text\n")
+    r = run_script(["--train-dir", other, *common])
+    assert r.returncode == 2 and "PG-19 test folder" in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_refuses_the_real_pg19_test_folder(tmp_path):
+    if not (SHARED / "pg19" / "test").is_dir():
+        pytest.skip(f"{SHARED / 'pg19' / 'test'} not present")
+    r = run_script(["--arch", "qwen3_5", "--train-dir", SHARED / "pg19" / "test", "--out", tmp_path / "o"])
+    assert r.returncode == 2 and "refusing to train on the PG-19 test books" in r.stderr, r.stderr
+
+
+def test_schedule_and_command_helpers():
+    lrs = [tt.lr_at(s, 100, 10, 1e-3) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10]))
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lrs[-1] == pytest.approx(1e-4)
+    assert tt.with_option(["--steps", "5", "--seed=3", "--minutes=2"], "--minutes", "0") == \
+        ["--steps", "5", "--seed=3", "--minutes", "0"]
+
+
+# ---- training on the CPU ----------------------------------------------------------------------------------
+
+CARD_FIELDS = ["## Architecture", "- class: `", "- parameters: ", "## Config summary", "## Training text",
+               "PG-19 test books excluded:", "- files: ", "## Training", "- steps: ", "- tokens seen: ",
+               "- wall time: ", "- device: CPU", "- seed: 5", "- final training loss: ",
+               "## Bits per byte on the PG-19 test books", "| **all** |", "## Software", "- transformers 5.",
+               "torch ", "## Command", "scripts/train_tiny.py --arch"]
+
+
+def safetensors_dtypes(path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Both architectures, tiny preset, 8 steps on the CPU; mamba2 twice for the determinism check."""
+    if TORCH_PROBLEM is not None:
+        pytest.skip(TORCH_PROBLEM)
+    tmp = tmp_path_factory.mktemp("train_tiny")
+    train, pg19 = make_dirs(tmp)
+    runs = {}
+    for name, arch in (("mamba2", "mamba2"), ("qwen3_5", "qwen3_5"), ("mamba2_again", "mamba2")):
+        out = tmp / name
+        args = ["--arch", arch, "--preset", "tiny", "--train-dir", train, "--pg19-dir", pg19, "--out", out,
+                "--steps", 8, "--seq-len", 64, "--batch", 4, "--device", "cpu", "--seed", 5, "--log-every", 4,
+                "--eval-bytes", 1500, "--eval-chunk", 200, "--eval-batch", 3]
+        r = run_script(args)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[name] = (out, r)
+    return runs, pg19
+
+
+@needs_torch
+@pytest.mark.parametrize("arch", ["mamba2", "qwen3_5"])
+def test_checkpoint_reloads_with_transformers(trained, arch):
+    import torch
+    import transformers
+
+    runs, pg19 = trained
+    out, _ = runs[arch]
+    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "MODEL_CARD.md", "train_log.json"}
+    assert safetensors_dtypes(out / "model.safetensors") == {"F32"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == 256
+    assert config["model_type"] == {"mamba2": "mamba2", "qwen3_5": "qwen3_5_text"}[arch]
+    assert config["architectures"] == [{"mamba2": "Mamba2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM"}[arch]]
+    if arch == "qwen3_5":
+        assert "full_attention" in config["layer_types"] and "linear_attention" in config["layer_types"]
+        assert config["linear_num_value_heads"] > config["linear_num_key_heads"]
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert type(model).__name__ == config["architectures"][0]
+    log = json.loads((out / "train_log.json").read_text())
+    assert sum(p.numel() for p in model.parameters()) == log["parameters"]
+    text = tt.strip_gutenberg((pg19 / "10321.txt").read_bytes())[:1500]
+    ids = torch.tensor(list(text))[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits
+    assert logits.shape == (1, ids.shape[1], 256) and torch.isfinite(logits).all()
+    # The streamed bits/byte in the log is this full forward's (streaming with the cache changes nothing).
+    nll = torch.nn.functional.cross_entropy(logits[0, :-1].double(), ids[0, 1:], reduction="sum").item()
+    book = next(b for b in log["eval"]["books"] if b["book"] == "10321.txt")
+    assert book["predicted"] == ids.shape[1] - 1
+    assert book["bpb_streamed"] == pytest.approx(nll / (ids.shape[1] - 1) / math.log(2), rel=1e-5)
+    assert math.isfinite(book["bpb_windowed"]) and book["bpb_windowed"] > 0
+
+
+@needs_torch
+@pytest.mark.parametrize("arch", ["mamba2", "qwen3_5"])
+def test_card_and_log(trained, arch):
+    runs, _ = trained
+    out, r = runs[arch]
+    card = (out / "MODEL_CARD.md").read_text()
+    for field in CARD_FIELDS:
+        assert field in card, field
+    template = (ROOT / "data" / "models" / "README.md").read_text()
+    for heading in (line for line in card.splitlines() if line.startswith("## ")):
+        assert heading in template, f"{heading} is missing from the template in data/models/README.md"
+    assert "--steps 8" in card and "2000.txt" in card and "2002.txt" in card and "SOURCES" not in card
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["steps"] == 8 and len(log["loss"]) == 8 and len(log["lr"]) == 8
+    assert all(math.isfinite(x) for x in log["loss"]) and log["loss"][-1] < log["loss"][0]
+    assert log["tokens_seen"] == 8 * 4 * 64
+    assert len(log["books"]) == 3 and log["eval"] is not None and len(log["eval"]["books"]) == 4
+    assert 0 < log["eval"]["bpb_streamed"] < 9 and 0 < log["eval"]["bpb_windowed"] < 9
+
+
+@needs_torch
+def test_deterministic_given_the_seed(trained):
+    runs, _ = trained
+    a, b = runs["mamba2"][0], runs["mamba2_again"][0]
+    digest = [hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest() for d in (a, b)]
+    assert digest[0] == digest[1]
+    losses = [json.loads((d / "train_log.json").read_text())["loss"] for d in (a, b)]
+    assert losses[0] == losses[1]
+
+
+@needs_torch
+def test_skips_evaluation_without_pg19(tmp_path):
+    train, _ = make_dirs(tmp_path, n_train=1, train_words=1500)
+    out = tmp_path / "out"
+    r = run_script(["--arch", "qwen3_5", "--preset", "tiny", "--train-dir", train, "--pg19-dir",
+                    tmp_path / "missing", "--out", out, "--steps", 2, "--seq-len", 32, "--batch", 2, "--device",
+                    "cpu"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "Skipped: the PG-19 test folder" in card and "not found, so only its path was checked" in card
+    r = run_script(["--arch", "qwen3_5", "--preset", "tiny", "--train-dir", train, "--pg19-dir", tmp_path / "missing",
+                    "--out", out, "--steps", 2])
+    assert r.returncode == 2 and "not empty" in r.stderr
+
+
+@needs_torch
+def test_einsum_scan_matches_transformers_scan():
+    """Outputs and gradients of the training scan against transformers' reference mamba2_chunk_scan: groups,
+    padding to the chunk size, both dt clamps."""
+    import torch
+    from transformers.models.mamba2 import modeling_mamba2
+
+    ref = modeling_mamba2.mamba2_chunk_scan
+    fast = tt.make_einsum_chunk_scan(ref)
+    gen = torch.Generator().manual_seed(11)
+    shapes = [(2, 100, 4, 8, 2, 16, 16, (0.0, math.inf)), (1, 64, 6, 4, 3, 8, 32, (0.004, 0.5)),
+              (3, 37, 2, 8, 1, 32, 64, (0.0, math.inf)), (1, 130, 8, 16, 2, 128, 64, (0.0, 0.1))]
+    for b, t, h, p, g, n, cs, lim in shapes:
+        ins = [torch.randn(b, t, h, p, generator=gen), torch.randn(b, t, h, generator=gen) - 1,
+               -torch.exp(torch.randn(h, generator=gen)), torch.randn(b, t, g, n, generator=gen),
+               torch.randn(b, t, g, n, generator=gen), torch.randn(h, generator=gen), torch.randn(h, generator=gen)]
+        for x in ins:
+            x.requires_grad_(True)
+        w = torch.randn(b, t, h, p, generator=gen)
+        results = []
+        for f in (ref, fast):
+            x, dt, A, B, C, D, dt_bias = ins
+            y = f(x, dt, A, B, C, chunk_size=cs, D=D, z=None, dt_bias=dt_bias, dt_softplus=True, dt_limit=lim)
+            results.append((y.detach(), torch.autograd.grad((y * w).sum(), ins)))
+        (y0, g0), (y1, g1) = results
+        assert y1.shape == y0.shape
+        assert ((y1 - y0).abs().max() / y0.abs().max()).item() < 1e-5
+        for a, c in zip(g0, g1):
+            assert ((c - a).abs().max() / a.abs().max()).item() < 1e-5
+
+
+@needs_torch
+def test_einsum_scan_inside_the_model():
+    """Under MambaScan the Mamba2 mixer really calls the einsum scan in training, with the same loss and gradients
+    as transformers' own path; outside it, transformers' scan is back."""
+    import torch
+    import transformers
+    from transformers.models.mamba2 import modeling_mamba2
+
+    torch.manual_seed(3)
+    config = tt.build_config("mamba2", "tiny", transformers)
+    config.time_step_limit = (0.004, 0.3)
+    model = tt.build_model("mamba2", config, transformers).train()
+    ids = torch.randint(0, 256, (2, 45), generator=torch.Generator().manual_seed(4))
+    calls = []
+    fast = tt.make_einsum_chunk_scan(modeling_mamba2.mamba2_chunk_scan)
+
+    def counted(*a, **k):
+        calls.append(1)
+        return fast(*a, **k)
+
+    results = []
+    for scan in (None, counted):
+        model.zero_grad()
+        with tt.MambaScan(scan):
+            logits = model(input_ids=ids, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits[0], ids[0].roll(-1))
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    assert len(calls) == config.num_hidden_layers
+    assert modeling_mamba2.mamba2_chunk_scan is not counted
+    assert results[1][0] == pytest.approx(results[0][0], rel=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6 * a.abs().max().item())
+
+
+@needs_torch
+def test_trained_checkpoint_runs_in_replayssm(trained, tmp_path):
+    """The C++ loader reads the trained checkpoints and matches transformers' log-probabilities."""
+    import numpy as np
+    import torch
+    import transformers
+
+    exe = pathlib.Path(replayssm_binary())
+    if not exe.exists():
+        pytest.skip(f"{exe} not built")
+    runs, pg19 = trained
+    ids = np.frombuffer(tt.strip_gutenberg((pg19 / "10146.txt").read_bytes())[:300], np.uint8).astype(np.int32)
+    np.save(tmp_path / "ids.npy", ids)
+    for arch in ("mamba2", "qwen3_5"):
+        out = runs[arch][0]
+        log = json.loads((out / "train_log.json").read_text())
+        info = subprocess.run([str(exe), "info", str(out)], capture_output=True, text=True)
+        assert info.returncode == 0 and f"parameters     {log['parameters']}" in info.stdout, info.stderr
+        r = subprocess.run([str(exe), "logits", str(out), "--tokens", str(tmp_path / "ids.npy"), "--out",
+                            str(tmp_path / f"{arch}.npy")], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
+                                                                   attn_implementation="eager").eval()
+        with torch.no_grad():
+            ref = torch.log_softmax(model(input_ids=torch.from_numpy(ids.astype(np.int64))[None],
+                                          use_cache=False).logits[0].double(), -1).numpy()
+        lp = np.load(tmp_path / f"{arch}.npy")
+        assert np.abs(lp - ref).max() / max(1.0, np.abs(ref).max()) < 1e-4
