@@ -56,7 +56,7 @@ Output conventions
 How to regenerate
 -----------------
     python3 scripts/make_format_goldens.py                # writes data/goldens/formats_v1.json
-    python3 scripts/make_format_goldens.py -o /tmp/x.json # writes elsewhere
+    python3 scripts/make_format_goldens.py -o OTHER.json  # writes elsewhere
 
 The output is deterministic; ``tests/python/test_format_goldens_script.py``
 checks that the committed file equals a fresh regeneration.

@@ -412,7 +412,7 @@ TEST_CASE("bad inputs are refused before any work, with messages for the command
 
 // Writes a small result file for tests/python (h5py reads it back and plots it). Skipped in a
 // normal run; pytest runs it as
-//   REPLAYSSM_SAMPLE_RESULTS=/tmp/x.h5 test_eval --no-skip -tc="sample result file*"
+//   REPLAYSSM_SAMPLE_RESULTS=sample.h5 test_eval --no-skip -tc="sample result file*"
 TEST_CASE("sample result file for the Python tests" * doctest::skip()) {
   const char* path = std::getenv("REPLAYSSM_SAMPLE_RESULTS");
   REQUIRE(path != nullptr);
