@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "eval/kl_oracle.h"
 #include "eval/kl_metrics.h"
 #include "test_util.h"
 
@@ -29,20 +30,7 @@ LogProbRows random_log_probs(int rows, int vocab, double scale, boost::random::m
   return lp;
 }
 
-// The definition, directly, in float64: both rows normalised, sum p (log p - log q).
-double direct_kl(const float* a, const float* b, int vocab) {
-  double za = 0, zb = 0;
-  for (int i = 0; i < vocab; ++i) {
-    za += std::exp(double(a[i]));
-    zb += std::exp(double(b[i]));
-  }
-  double kl = 0;
-  for (int i = 0; i < vocab; ++i) {
-    const double p = std::exp(double(a[i])) / za;
-    if (p > 0) kl += p * (std::log(p) - (double(b[i]) - std::log(zb)));
-  }
-  return kl;
-}
+using replayssm::test::direct_kl;
 
 }  // namespace
 

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "eval/kl_oracle.h"
 #include "eval/kl_sweep.h"
 #include "io/hdf5_results.h"
 #include "test_util.h"
@@ -78,19 +79,7 @@ std::string file_bytes(const fs::path& p) {
   return ss.str();
 }
 
-double direct_kl(const float* a, const float* b, int vocab) {
-  double za = 0, zb = 0;
-  for (int i = 0; i < vocab; ++i) {
-    za += std::exp(double(a[i]));
-    zb += std::exp(double(b[i]));
-  }
-  double kl = 0;
-  for (int i = 0; i < vocab; ++i) {
-    const double p = std::exp(double(a[i])) / za;
-    if (p > 0) kl += p * (std::log(p) - (double(b[i]) - std::log(zb)));
-  }
-  return kl;
-}
+using replayssm::test::direct_kl;
 
 }  // namespace
 
