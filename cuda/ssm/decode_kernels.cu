@@ -3,7 +3,6 @@
 #include "ssm/decode_kernels.h"
 
 #include <stdexcept>
-#include <string>
 
 #include "cuda_check.h"
 #include "formats/philox.h"
@@ -127,44 +126,71 @@ __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shap
   const float beta = K == SsmKind::gdn ? in.beta[geo.hb] : 0.0f;
   const __nv_bfloat16* v = in.v + geo.hb * geo.dv;
   const HeadView hv = head_view(state, geo.hb, geo.dv, DK);
-  constexpr int kBatch = 4;  // row iterations whose loads are issued together
-  for (int it0 = 0; it0 * kWarps * RW < geo.dv; it0 += kBatch) {
-    float x[kBatch][P][E];
-    int rows[kBatch];
+  // Row iterations in batches of kBatch; the next batch's loads are issued before the current one
+  // is updated and stored, so up to 2 kBatch 16-byte loads per thread are in flight.
+  constexpr int kBatch = 4;
+  const int iterations = (geo.dv + kWarps * RW - 1) / (kWarps * RW);
+  auto row_of = [&](int it) { return (it * kWarps + warp) * RW + T::row_in_iteration(lane); };
+  float next[kBatch][P][E];
+  auto load_batch = [&](int it0) {
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      rows[j] = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
+      const int row = row_of(it0 + j);
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        if (row < geo.dv) load4<F, DK>(hv, row, T::col(lane, p), next[j][p]);
+        else next[j][p][0] = next[j][p][1] = next[j][p][2] = next[j][p][3] = 0.0f;
+      }
+    }
+  };
+  load_batch(0);
+  for (int it0 = 0; it0 < iterations; it0 += kBatch) {
+    float x[kBatch][P][E];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
 #pragma unroll
       for (int p = 0; p < P; ++p)
-        if (rows[j] < geo.dv) load4<F, DK>(hv, rows[j], T::col(lane, p), x[j][p]);
-    }
+#pragma unroll
+        for (int e = 0; e < E; ++e) x[j][p][e] = next[j][p][e];
+    if (it0 + kBatch < iterations) load_batch(it0 + kBatch);
+    float vr[kBatch], coef[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const bool valid = rows[j] < geo.dv;
-      const float vr = valid ? __bfloat162float(v[rows[j]]) : 0.0f;
-      float coef = vr;
-      if constexpr (K == SsmKind::gdn) {
-        float sk = 0.0f;
+      const int row = row_of(it0 + j);
+      vr[j] = row < geo.dv ? __bfloat162float(v[row]) : 0.0f;
+      coef[j] = vr[j];
+    }
+    if constexpr (K == SsmKind::gdn) {
+      float sk[kBatch];
 #pragma unroll
-        for (int p = 0; p < P; ++p) sk += valid ? dot_e<E>(x[j][p], kv[p]) : 0.0f;
-        sk = row_sum<LPR>(sk);
-        coef = beta * (vr - a * sk);
+      for (int j = 0; j < kBatch; ++j) {
+        sk[j] = 0.0f;
+#pragma unroll
+        for (int p = 0; p < P; ++p) sk[j] += dot_e<E>(x[j][p], kv[p]);
       }
-      float o = 0.0f;
+      row_sums_all<LPR, kBatch>(sk);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) coef[j] = beta * (vr[j] - a * sk[j]);
+    }
+    float o[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      o[j] = 0.0f;
 #pragma unroll
       for (int p = 0; p < P; ++p) {
 #pragma unroll
-        for (int e = 0; e < E; ++e) x[j][p][e] = fmaf(a, x[j][p][e], coef * kv[p][e]);
-        o += dot_e<E>(x[j][p], qv[p]);
+        for (int e = 0; e < E; ++e) x[j][p][e] = fmaf(a, x[j][p][e], coef[j] * kv[p][e]);
+        o[j] += dot_e<E>(x[j][p], qv[p]);
       }
-      o = row_sum<LPR>(valid ? o : 0.0f);
-      if (valid) {
+      const int row = row_of(it0 + j);
+      if (row < geo.dv)
 #pragma unroll
         for (int p = 0; p < P; ++p)
-          store_piece<F, DK>(hv, rows[j], T::col(lane, p), x[j][p], formats::RoundingMode::nearest_even, 0, 0);
-        if (lane % LPR == 0) in.out[geo.hb * geo.dv + rows[j]] = o;
-      }
+          store_piece<F, DK>(hv, row, T::col(lane, p), x[j][p], formats::RoundingMode::nearest_even, 0, 0);
     }
+    const float sum = row_sum_scatter<LPR, kBatch>(o);
+    const int row = row_of(it0 + scatter_index<LPR, kBatch>(lane));
+    if (lane % (LPR / kBatch) == 0 && row < geo.dv) in.out[geo.hb * geo.dv + row] = sum;
   }
 }
 
@@ -201,41 +227,53 @@ __device__ __forceinline__ BlockGeometry block_geometry(const DecodeShape& s, in
   return q;
 }
 
+// x / d for 0 <= x < 2^20 and 1 <= d <= 2^10 with one multiply instead of a runtime integer
+// division (~20 instructions, and staging computes one per copied vector): (x + 0.5) / d lies at
+// least 0.5 / d from an integer, and the float error of (x + 0.5) * (1 / d) is below x / d * 2^-23
+// <= 2^-3 / d.
+struct SmallDiv {
+  float inv;
+  __device__ explicit SmallDiv(int d) : inv(1.0f / static_cast<float>(d)) {}
+  __device__ int operator()(int x) const { return static_cast<int>((static_cast<float>(x) + 0.5f) * inv); }
+};
+
+// Ring slot of window position p. start < capacity and p < capacity hold by construction (the
+// launchers require capacity >= L, resp. max(L, T) + T), so one conditional subtraction replaces a
+// runtime modulo (tens of instructions, and this is computed per staged element).
 __device__ __forceinline__ std::size_t ring_slot(const DeviceRecords& rec, int b, const WindowState& w, int p) {
-  return static_cast<std::size_t>(b) * rec.capacity + (w.start + p) % rec.capacity;
+  const int slot = w.start + p;
+  return static_cast<std::size_t>(b) * rec.capacity + (slot >= rec.capacity ? slot - rec.capacity : slot);
 }
 
-// Dynamic shared memory of a replay block. `stage` is a union: non-flush blocks keep the NH heads'
-// record vectors there; flush blocks keep the window's keys (fp32) and one head's vectors.
+// Dynamic shared memory of a replay block. Non-flush blocks stage the NH heads' record vectors;
+// flush blocks also stage the window's keys (fp32), shared by the NH heads.
 struct ReplayShared {
-  float* stage;  // max(NH*L*dv, L*DK + L*dv)
-  float* a;      // [NH][L] decays
-  float* w;      // [NH][L] decay weights prod_{l>p} a_l
-  float* beta;   // [L]  (flush, one head at a time)
-  float* c1;     // [L]  key products k_p . q_t
-  float* c2;     // [L]  k_p . k_t (GDN)
-  float* rows1;  // [NH*dv] S q
-  float* rows2;  // [NH*dv] S k (GDN)
-  float* gamma;  // [NH]
+  float* keys;     // [L][DK] (flush only)
+  float* vals;     // [NH][L][dv] record vectors (flush: pre-multiplied by w unless u is recomputed)
+  float* a;        // [NH][L] decays
+  float* w;        // [NH][L] decay weights prod_{l>p} a_l
+  float* beta;     // [NH][L] (GDN flush)
+  float* c1;       // [L]  key products k_p . q_t
+  float* c2;       // [L]  k_p . k_t (GDN)
+  float* rows1;    // [NH*dv] S q
+  float* rows2;    // [NH*dv] S k (GDN)
+  float* gamma;    // [NH]
   float* scratch;  // [kWarps]
 };
 
-__host__ __device__ inline std::size_t replay_stage_floats(int L, int DK, int dv, int NH) {
-  const std::size_t a = static_cast<std::size_t>(NH) * L * dv, b = static_cast<std::size_t>(L) * (DK + dv);
-  return a > b ? a : b;
+__host__ __device__ inline std::size_t replay_shared_floats(int L, int DK, int dv, int NH, bool flush) {
+  return (flush ? static_cast<std::size_t>(L) * DK : 0) + static_cast<std::size_t>(NH) * L * dv +
+         3 * static_cast<std::size_t>(NH) * L + 2 * L + 2 * NH * dv + NH + kWarps;
 }
 
-__host__ __device__ inline std::size_t replay_shared_floats(int L, int DK, int dv, int NH) {
-  return replay_stage_floats(L, DK, dv, NH) + 2 * static_cast<std::size_t>(NH) * L + 3 * L + 2 * NH * dv + NH + kWarps;
-}
-
-__device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK, int dv, int NH) {
+__device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK, int dv, int NH, bool flush) {
   ReplayShared s;
-  s.stage = base;
-  s.a = s.stage + replay_stage_floats(L, DK, dv, NH);
+  s.keys = base;
+  s.vals = s.keys + (flush ? static_cast<std::size_t>(L) * DK : 0);
+  s.a = s.vals + static_cast<std::size_t>(NH) * L * dv;
   s.w = s.a + NH * L;
   s.beta = s.w + NH * L;
-  s.c1 = s.beta + L;
+  s.c1 = s.beta + NH * L;
   s.c2 = s.c1 + L;
   s.rows1 = s.c2 + L;
   s.rows2 = s.rows1 + NH * dv;
@@ -255,6 +293,93 @@ __device__ __forceinline__ float warp_dot_bf16(const __nv_bfloat16* x, const __n
     acc = fmaf(a.x, b.x, fmaf(a.y, b.y, acc));
   }
   return row_sum<32>(acc);
+}
+
+// for i in [0, total): store(i, load(i)), with kUnroll loads per thread issued before any store.
+// Staging loops written plainly wait one DRAM/L2 round trip per element a thread copies (the store
+// needs its load, and issue is in order); this waits one per kUnroll.
+template <int kUnroll, class Load, class Store>
+__device__ __forceinline__ void copy_unrolled(int total, Load&& load, Store&& store) {
+  using V = decltype(load(0));
+  for (int i0 = threadIdx.x; i0 < total; i0 += kUnroll * kThreads) {
+    V got[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j)
+      if (i0 + j * kThreads < total) got[j] = load(i0 + j * kThreads);
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j)
+      if (i0 + j * kThreads < total) store(i0 + j * kThreads, got[j]);
+  }
+}
+
+// Copies `count` vectors of `len` <= 256 elements: warp w takes vectors w, w + 8, ... with the lanes
+// over the elements, and 16 loads per lane (kVectors vectors of kSlots elements per lane) are issued
+// before any store. The per-vector index math (which head, which ring slot) is done once per
+// vector, not per element. load(v, e) reads element e of vector v; store(v, e, x) writes it.
+template <int kVectors, int kSlots, class Load, class Store>
+__device__ __forceinline__ void copy_vectors_impl(int count, int len, Load& load, Store& store) {
+  using V = decltype(load(0, 0));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int v0 = warp; v0 < count; v0 += kWarps * kVectors) {
+    V got[kVectors][kSlots];
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const int v = v0 + i * kWarps;
+#pragma unroll
+      for (int q = 0; q < kSlots; ++q)
+        if (v < count && lane + 32 * q < len) got[i][q] = load(v, lane + 32 * q);
+    }
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const int v = v0 + i * kWarps;
+#pragma unroll
+      for (int q = 0; q < kSlots; ++q)
+        if (v < count && lane + 32 * q < len) store(v, lane + 32 * q, got[i][q]);
+    }
+  }
+}
+template <class Load, class Store>
+__device__ __forceinline__ void copy_vectors(int count, int len, Load&& load, Store&& store) {
+  if (len <= 32) copy_vectors_impl<16, 1>(count, len, load, store);
+  else if (len <= 64) copy_vectors_impl<8, 2>(count, len, load, store);
+  else if (len <= 128) copy_vectors_impl<4, 4>(count, len, load, store);
+  else copy_vectors_impl<2, 8>(count, len, load, store);
+}
+
+// Dot products of window keys with the current query (c1) and key (c2, GDN), one key per warp
+// (row geometry of Tile<fp32, DK>: RW keys per warp iteration); each lane's key slices for up to
+// kKeyBatch iterations are loaded before any is used. key(p) gives key p's bf16 vector.
+template <int DK, bool kWithKey, class KeyAt>
+__device__ __forceinline__ void key_products(int count, KeyAt&& key, const float (*qv)[4], const float (*kv)[4], float* c1,
+                                             float* c2) {
+  using T = Tile<StorageFormat::fp32, DK>;
+  constexpr int P = T::P, LPR = T::LPR, RW = T::RW, kKeyBatch = 4;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int iterations = (count + kWarps * RW - 1) / (kWarps * RW);
+  for (int it0 = 0; it0 < iterations; it0 += kKeyBatch) {
+    float kp[kKeyBatch][P][4];
+#pragma unroll
+    for (int j = 0; j < kKeyBatch; ++j) {
+      const int p = ((it0 + j) * kWarps + warp) * RW + lane / LPR;
+#pragma unroll
+      for (int q = 0; q < P; ++q) {
+        if (p < count) load_bf16x4(key(p) + T::col(lane, q), kp[j][q]);
+        else kp[j][q][0] = kp[j][q][1] = kp[j][q][2] = kp[j][q][3] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kKeyBatch; ++j) {
+      const int p = ((it0 + j) * kWarps + warp) * RW + lane / LPR;
+      float part[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int q = 0; q < P; ++q) {
+        part[0] += dot_e<4>(kp[j][q], qv[q]);
+        if (kWithKey) part[1] += dot_e<4>(kp[j][q], kv[q]);
+      }
+      const float sum = row_sum_scatter<LPR, 2>(part);
+      if (p < count && lane % (LPR / 2) == 0) (scatter_index<LPR, 2>(lane) == 0 ? c1 : c2)[p] = sum;
+    }
+  }
 }
 
 // Quantize row `row` of the LP copy with RTN (values x over the lane's fp32-geometry pieces).
@@ -327,131 +452,220 @@ __device__ __forceinline__ float block_max(float x, float* scratch) {
   return m;
 }
 
-// Rows per register group in the flush fold: x of this many row iterations stays in registers
-// while the window's keys stream through in chunks of kKeyChunk (lane slices in registers).
-constexpr int kFlushRowGroup = 8;
-constexpr int kKeyChunk = 8;
+// Decay weights of the window for the block's NH heads, one warp per head: w[n][p] =
+// prod_{l>p} a_l over the staged positions, gamma[n] = prod a (eq. 5); the raw decays go to
+// sh.a and, for GDN, the betas to sh.beta (both [NH][L]). Positions p < h0 are ring records,
+// p == h0 the current token.
+__device__ __forceinline__ void stage_decay_weights(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
+                                                    const ReplayShared& sh, int h0, int staged, bool gdn) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, L = A.window;
+  for (int n = warp; n < bg.NH; n += kWarps) {
+    const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
+    float a[2] = {1.0f, 1.0f};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int p = lane + 32 * half;
+      if (p >= staged) continue;
+      const std::size_t rec = ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n;
+      a[half] = p == h0 ? A.in.alpha[hb] : A.rec.alpha[rec];
+      sh.a[n * L + p] = a[half];
+      if (gdn) sh.beta[n * L + p] = p == h0 ? A.in.beta[hb] : A.rec.beta[rec];
+    }
+    const SuffixProducts w = warp_suffix_products(a[0], a[1]);
+    if (lane < staged) sh.w[n * L + lane] = w.lo;
+    if (lane + 32 < staged) sh.w[n * L + lane + 32] = w.hi;
+    if (lane == 0) sh.gamma[n] = w.gamma;
+  }
+}
 
-// Flush of one value head (h == L after appending): S = REPLAY(S_ckpt^HP, B[1:L]) on chip, o = S q,
-// write HP (RTN or SR) and the LP copy. Mamba-2 and shared GDN fold the records as a rank-h update
-// (GDN: the cached u, then the current token as a conventional step); split GDN recomputes every u
-// on the HP path from the raw records (Algorithm 3 for GDN). Expects sh.stage to hold the keys of
-// positions [0, staged) as fp32 ([staged][DK]) and sh.stage + L*DK the head's record vectors.
+// Record vectors of the block's NH heads at window positions [0, staged) into vals [NH][L][dv]:
+// Mamba-2 v (bf16; position h0 is the current token's v), GDN the cached fp32 u, or with
+// `raw_v` the GDN v (split flush recomputes u). Eight independent loads per thread in flight.
+// Record vectors of the block's NH heads at window positions [0, staged) into vals [NH][L][dv]:
+// Mamba-2 v (bf16; position h0 is the current token's v), GDN the cached fp32 u, or with `raw_v`
+// the GDN v (split flush recomputes u). With `weights` (sh.w, [NH][L]) each vector is stored
+// multiplied by its decay weight w_p.
+template <SsmKind K>
+__device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
+                                                     float* vals, int h0, int staged, bool raw_v, const float* weights) {
+  const int dv = bg.dv, L = A.window;
+  const SmallDiv per_head(staged);
+  copy_vectors(
+      bg.NH * staged, dv,
+      [&](int vec, int r) {
+        const int n = per_head(vec), p = vec - n * staged;
+        const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
+        const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n) * dv + r;
+        if (K == SsmKind::mamba2 || raw_v) return __bfloat162float(p == h0 ? A.in.v[hb * dv + r] : A.rec.v[rec]);
+        return A.rec.u[rec];
+      },
+      [&](int vec, int r, float x) {
+        const int n = per_head(vec), p = vec - n * staged;
+        vals[(static_cast<std::size_t>(n) * L + p) * dv + r] = weights ? x * weights[n * L + p] : x;
+      });
+}
+
+// ---- flush: S = REPLAY(S_ckpt^HP, B[1:L]) on chip, o = S q, write HP (RTN or SR) and the LP copy.
+// Each warp owns kFlushRows consecutive row slots (x in registers) and the window is folded as a
+// small GEMM, S <- gamma S + V' K with V'[r][p] = w_p v_p[r] staged in shared memory: per record a
+// lane reads its key columns once (16 bytes) and the row coefficients as broadcasts.
+constexpr int kFlushRows = 8;
+
+template <int DK>
+struct FlushRows {
+  using T = Tile<StorageFormat::fp32, DK>;
+  static constexpr int P = T::P, LPR = T::LPR, RW = T::RW, G = kFlushRows;
+  static constexpr int kRowsPerGroup = kWarps * G * RW;  // rows of one head per group
+  __device__ static int row(int group, int warp, int j, int lane) { return ((group * kWarps + warp) * G + j) * RW + lane / LPR; }
+};
+
+template <StorageFormat HP, int DK>
+__device__ __forceinline__ void load_flush_rows(const HeadView& hp, int dv, int group, float (*x)[FlushRows<DK>::P][4]) {
+  using FR = FlushRows<DK>;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int j = 0; j < FR::G; ++j) {
+    const int row = FR::row(group, warp, j, lane);
+#pragma unroll
+    for (int p = 0; p < FR::P; ++p) {
+      if (row < dv) load4<HP, DK>(hp, row, FR::T::col(lane, p), x[j][p]);
+      else x[j][p][0] = x[j][p][1] = x[j][p][2] = x[j][p][3] = 0.0f;
+    }
+  }
+}
+
+// Flush of value head n of the block. Mamba-2 and shared GDN fold the staged records as a rank-
+// `staged` update (GDN: the cached u, then the current token as a conventional step); split GDN
+// recomputes every u on the HP path from the raw records (Algorithm 3 for GDN). `x` holds the
+// head's first row group on entry (the caller issued those loads early).
 template <SsmKind K, StorageFormat HP, int DK>
 __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, int n, const WindowState& win,
-                                  const ReplayShared& sh, int staged, const float (*kv)[4], const float (*qv)[4]) {
-  using T = Tile<StorageFormat::fp32, DK>;
-  constexpr int E = 4, P = T::P, LPR = T::LPR, RW = T::RW;
-  const int L = A.window, h0 = L - 1;
+                                  const ReplayShared& sh, int staged, const float (*kv)[4], const float (*qv)[4],
+                                  float (*x)[FlushRows<DK>::P][4]) {
+  using FR = FlushRows<DK>;
+  constexpr int P = FR::P, LPR = FR::LPR, G = FR::G, E = 4;
+  const int L = A.window, h0 = L - 1, dv = bg.dv;
   const int head = bg.head0 + n, vh = bg.vh0 + n;
   const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + head;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const HeadView hp = head_view(A.hp, hb, bg.dv, DK);
-  const HeadView lp = A.split ? head_view(A.lp, hb, bg.dv, DK) : HeadView{};
+  const HeadView hp = head_view(A.hp, hb, dv, DK);
+  const HeadView lp = A.split ? head_view(A.lp, hb, dv, DK) : HeadView{};
   const bool recompute_u = K == SsmKind::gdn && A.split;
-  const float* keys = sh.stage;
-  const float* vals = sh.stage + static_cast<std::size_t>(L) * DK;  // [staged][dv]
-  const float* w = sh.w + n * L;
+  const float* vals = sh.vals + static_cast<std::size_t>(n) * L * dv;  // [p][dv]
   const float a_t = A.in.alpha[hb];
   const float beta_t = K == SsmKind::gdn ? A.in.beta[hb] : 0.0f;
   const float gamma = sh.gamma[n];
   const uint64_t hp_stream = sr_stream_device(bg.b, bg.g, vh, 0, win.flushes);
   const bool need_amax = A.split && A.lp.format == StorageFormat::nvfp4;
   float local_amax = 0.0f;
-  const int iterations = (bg.dv + kWarps * RW - 1) / (kWarps * RW);
-  for (int it0 = 0; it0 < iterations; it0 += kFlushRowGroup) {
-    float x[kFlushRowGroup][P][E];
-    int rows[kFlushRowGroup];
+  const int groups = (dv + FR::kRowsPerGroup - 1) / FR::kRowsPerGroup;
+  for (int group = 0; group < groups; ++group) {
+    if (group > 0) load_flush_rows<HP, DK>(hp, dv, group, x);
+    int rows[G];
 #pragma unroll
-    for (int j = 0; j < kFlushRowGroup; ++j) {
-      rows[j] = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        if (rows[j] < bg.dv) load4<HP, DK>(hp, rows[j], T::col(lane, p), x[j][p]);
-        else for (int e = 0; e < E; ++e) x[j][p][e] = 0.0f;
-      }
-    }
+    for (int j = 0; j < G; ++j) rows[j] = FR::row(group, warp, j, lane);
     if (!recompute_u) {
 #pragma unroll
-      for (int j = 0; j < kFlushRowGroup; ++j)
+      for (int j = 0; j < G; ++j)
 #pragma unroll
         for (int p = 0; p < P; ++p)
 #pragma unroll
           for (int e = 0; e < E; ++e) x[j][p][e] *= gamma;
-      for (int j0 = 0; j0 < staged; j0 += kKeyChunk) {
-        float kc[kKeyChunk][P][E];
+      // The G rows of a lane are consecutive when RW == 1: their coefficients are 16-byte loads.
+      const bool vector_coefs = FR::RW == 1 && dv % 4 == 0 && rows[G - 1] < dv;
+      for (int r = 0; r < staged; ++r) {
+        float k[P][E];
 #pragma unroll
-        for (int c = 0; c < kKeyChunk; ++c)
+        for (int p = 0; p < P; ++p) {
+          const float4 k4 = *reinterpret_cast<const float4*>(sh.keys + r * DK + FR::T::col(lane, p));
+          k[p][0] = k4.x, k[p][1] = k4.y, k[p][2] = k4.z, k[p][3] = k4.w;
+        }
+        float c[G];  // w_r v_r[row]
+        if (vector_coefs) {
 #pragma unroll
-          for (int p = 0; p < P; ++p) {
-            const float4 k4 = j0 + c < staged ? *reinterpret_cast<const float4*>(keys + (j0 + c) * DK + T::col(lane, p))
-                                              : make_float4(0, 0, 0, 0);
-            kc[c][p][0] = k4.x, kc[c][p][1] = k4.y, kc[c][p][2] = k4.z, kc[c][p][3] = k4.w;
+          for (int i = 0; i < G / 4; ++i) {
+            const float4 c4 = reinterpret_cast<const float4*>(vals + r * dv + rows[0])[i];
+            c[4 * i] = c4.x, c[4 * i + 1] = c4.y, c[4 * i + 2] = c4.z, c[4 * i + 3] = c4.w;
           }
+        } else {
 #pragma unroll
-        for (int j = 0; j < kFlushRowGroup; ++j) {
-          if (rows[j] >= bg.dv) continue;
+          for (int j = 0; j < G; ++j) c[j] = rows[j] < dv ? vals[r * dv + rows[j]] : 0.0f;
+        }
 #pragma unroll
-          for (int c = 0; c < kKeyChunk; ++c) {
-            if (j0 + c >= staged) break;
-            const float coef = w[j0 + c] * vals[(j0 + c) * bg.dv + rows[j]];
+        for (int j = 0; j < G; ++j)
 #pragma unroll
-            for (int p = 0; p < P; ++p)
+          for (int p = 0; p < P; ++p)
 #pragma unroll
-              for (int e = 0; e < E; ++e) x[j][p][e] = fmaf(coef, kc[c][p][e], x[j][p][e]);
-          }
+            for (int e = 0; e < E; ++e) x[j][p][e] = fmaf(c[j], k[p][e], x[j][p][e]);
+      }
+    } else {
+      // GDN split: u_r^HP = b_r (v_r - a_r S_{r-1} k_r), sequentially from the HP checkpoint.
+      for (int r = 0; r < staged; ++r) {
+        float k[P][E];
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const float4 k4 = *reinterpret_cast<const float4*>(sh.keys + r * DK + FR::T::col(lane, p));
+          k[p][0] = k4.x, k[p][1] = k4.y, k[p][2] = k4.z, k[p][3] = k4.w;
+        }
+        float sk[G];
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+          sk[j] = 0.0f;
+#pragma unroll
+          for (int p = 0; p < P; ++p) sk[j] += dot_e<E>(x[j][p], k[p]);
+        }
+        row_sums_all<LPR, G>(sk);
+        const float ar = sh.a[n * L + r], br = sh.beta[n * L + r];
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+          const float u = rows[j] < dv ? br * (vals[r * dv + rows[j]] - ar * sk[j]) : 0.0f;
+#pragma unroll
+          for (int p = 0; p < P; ++p)
+#pragma unroll
+            for (int e = 0; e < E; ++e) x[j][p][e] = fmaf(ar, x[j][p][e], u * k[p][e]);
         }
       }
     }
+    if constexpr (K == SsmKind::gdn) {  // the current token, as a conventional GDN step from S_{t-1}
+      float sk[G];
 #pragma unroll
-    for (int j = 0; j < kFlushRowGroup; ++j) {
-      const int row = rows[j];
-      const bool valid = row < bg.dv;
-      if (it0 + j >= iterations) break;  // uniform across the block
-      if (recompute_u) {
-        // GDN split: u_j^HP = b_j (v_j - a_j S_{j-1} k_j), sequentially from the HP checkpoint.
-        for (int r = 0; r < staged; ++r) {
-          float sk = 0.0f;
+      for (int j = 0; j < G; ++j) {
+        sk[j] = 0.0f;
 #pragma unroll
-          for (int p = 0; p < P; ++p) {
-            const float4 k4 = *reinterpret_cast<const float4*>(keys + r * DK + T::col(lane, p));
-            sk += x[j][p][0] * k4.x + x[j][p][1] * k4.y + x[j][p][2] * k4.z + x[j][p][3] * k4.w;
-          }
-          sk = row_sum<LPR>(sk);
-          const float ar = sh.a[n * L + r];
-          const float u = valid ? sh.beta[r] * (vals[r * bg.dv + row] - ar * sk) : 0.0f;
-#pragma unroll
-          for (int p = 0; p < P; ++p) {
-            const float4 k4 = *reinterpret_cast<const float4*>(keys + r * DK + T::col(lane, p));
-            x[j][p][0] = fmaf(ar, x[j][p][0], u * k4.x);
-            x[j][p][1] = fmaf(ar, x[j][p][1], u * k4.y);
-            x[j][p][2] = fmaf(ar, x[j][p][2], u * k4.z);
-            x[j][p][3] = fmaf(ar, x[j][p][3], u * k4.w);
-          }
-        }
+        for (int p = 0; p < P; ++p) sk[j] += dot_e<E>(x[j][p], kv[p]);
       }
-      if (K == SsmKind::gdn) {  // the current token, as a conventional GDN step from S_{t-1}
-        float sk = 0.0f;
+      row_sums_all<LPR, G>(sk);
 #pragma unroll
-        for (int p = 0; p < P; ++p) sk += dot_e<E>(x[j][p], kv[p]);
-        sk = row_sum<LPR>(sk);
-        const float vr = valid ? __bfloat162float(A.in.v[hb * bg.dv + row]) : 0.0f;
-        const float u = beta_t * (vr - a_t * sk);
+      for (int j = 0; j < G; ++j) {
+        const bool valid = rows[j] < dv;
+        const float vr = valid ? __bfloat162float(A.in.v[hb * dv + rows[j]]) : 0.0f;
+        const float u = beta_t * (vr - a_t * sk[j]);
 #pragma unroll
         for (int p = 0; p < P; ++p)
 #pragma unroll
           for (int e = 0; e < E; ++e) x[j][p][e] = fmaf(a_t, x[j][p][e], u * kv[p][e]);
-        if (valid && lane % LPR == 0) A.rec.u[(ring_slot(A.rec, bg.b, win, h0) * bg.H + head) * bg.dv + row] = u;
+        if (valid && lane % LPR == 0) A.rec.u[(ring_slot(A.rec, bg.b, win, h0) * bg.H + head) * dv + rows[j]] = u;
       }
-      float o = 0.0f;
+    }
+    float o[G];
 #pragma unroll
-      for (int p = 0; p < P; ++p) o += dot_e<E>(x[j][p], qv[p]);
-      o = row_sum<LPR>(o);
+    for (int j = 0; j < G; ++j) {
+      o[j] = 0.0f;
+#pragma unroll
+      for (int p = 0; p < P; ++p) o[j] += dot_e<E>(x[j][p], qv[p]);
+    }
+    {
+      const float sum = row_sum_scatter<LPR, G>(o);
+      const int row = FR::row(group, warp, scatter_index<LPR, G>(lane), lane);
+      if (lane % (LPR / G) == 0 && row < dv) A.in.out[hb * dv + row] = sum;
+    }
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const bool valid = rows[j] < dv;
       if (valid) {
-        if (lane % LPR == 0) A.in.out[hb * bg.dv + row] = o;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-          store_piece<HP, DK>(hp, row, T::col(lane, p), x[j][p], A.hp_mode, A.seed, hp_stream);
+          store_piece<HP, DK>(hp, rows[j], FR::T::col(lane, p), x[j][p], A.hp_mode, A.seed, hp_stream);
           if (need_amax)
 #pragma unroll
             for (int e = 0; e < E; ++e) {
@@ -460,80 +674,62 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
             }
         }
       }
-      if (A.split && !need_amax) store_lp_row<DK, P, LPR>(lp, A.lp.format, row, lane, x[j], valid, {});
+      if (A.split && !need_amax) store_lp_row<DK, P, LPR>(lp, A.lp.format, rows[j], lane, x[j], valid, {});
     }
   }
   if (need_amax) {
     // NVFP4 LP copy: tensor scale from the block-wide amax, then re-read the HP rows this block
     // just wrote (fp32, L2-resident) and quantize them.
+    using T = Tile<StorageFormat::fp32, DK>;
     const float amax = block_max(local_amax, sh.scratch);
     const formats::Nvfp4TensorScale ts = formats::nvfp4_tensor_scale(amax);
     if (threadIdx.x == 0) *lp.tensor_scale_out = ts.decode;
     __syncthreads();
+    const int iterations = (dv + kWarps * T::RW - 1) / (kWarps * T::RW);
     for (int it = 0; it < iterations; ++it) {
-      const int row = (it * kWarps + warp) * RW + T::row_in_iteration(lane);
-      const bool valid = row < bg.dv;
-      float x[P][E];
+      const int row = (it * kWarps + warp) * T::RW + T::row_in_iteration(lane);
+      const bool valid = row < dv;
+      float y[P][E];
 #pragma unroll
       for (int p = 0; p < P; ++p) {
-        if (valid) load4<HP, DK>(hp, row, T::col(lane, p), x[p]);
-        else for (int e = 0; e < E; ++e) x[p][e] = 0.0f;
+        if (valid) load4<HP, DK>(hp, row, T::col(lane, p), y[p]);
+        else for (int e = 0; e < E; ++e) y[p][e] = 0.0f;
       }
-      store_lp_row<DK, P, LPR>(lp, StorageFormat::nvfp4, row, lane, x, valid, ts);
+      store_lp_row<DK, P, LPR>(lp, StorageFormat::nvfp4, row, lane, y, valid, ts);
     }
   }
 }
 
 template <SsmKind K, StorageFormat HP, int DK>
 __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win, const ReplayShared& sh) {
-  using T = Tile<StorageFormat::fp32, DK>;
-  const int L = A.window, h0 = L - 1;
+  using FR = FlushRows<DK>;
+  const int L = A.window, h0 = L - 1, dv = bg.dv;
   const int lane = threadIdx.x % 32;
   const bool recompute_u = K == SsmKind::gdn && A.split;
   const int staged = K == SsmKind::mamba2 ? L : h0;  // Mamba-2 folds the current token too
   const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
-  float kv[T::P][4], qv[T::P][4];
-  load_lane_vector<4, T::P, T::LPR>(k_t, lane, kv);
-  load_lane_vector<4, T::P, T::LPR>(A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK, lane, qv);
-  for (int idx = threadIdx.x; idx < staged * DK; idx += kThreads) {
-    const int p = idx / DK, c = idx % DK;
-    const __nv_bfloat16* kp = p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK;
-    sh.stage[idx] = __bfloat162float(kp[c]);
-  }
-  float* vals = sh.stage + static_cast<std::size_t>(L) * DK;
+  float kv[FR::P][4], qv[FR::P][4];
+  load_lane_vector<4, FR::P, FR::LPR>(k_t, lane, kv);
+  load_lane_vector<4, FR::P, FR::LPR>(A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK, lane, qv);
+  // The first head's first row group does not depend on the records: issue its loads first.
+  float x[FR::G][FR::P][4];
+  load_flush_rows<HP, DK>(head_view(A.hp, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0, x);
+  // Stage the window once for the NH heads: keys, record vectors, decays and their weights.
+  copy_unrolled<4>(
+      staged * DK / 2,
+      [&](int i) {  // two columns per element
+        const int p = 2 * i / DK, c = 2 * i % DK;
+        const __nv_bfloat16* kp = p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK;
+        return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kp + c));
+      },
+      [&](int i, float2 x) { reinterpret_cast<float2*>(sh.keys)[i] = x; });
+  stage_decay_weights(A, bg, win, sh, h0, staged, K == SsmKind::gdn);
+  __syncthreads();  // weights ready: the record vectors are staged as V'[p][r] = w_p v_p[r]
+  stage_record_vectors<K>(A, bg, win, sh.vals, h0, staged, recompute_u, recompute_u ? nullptr : sh.w);
+  __syncthreads();
   for (int n = 0; n < bg.NH; ++n) {
-    const int head = bg.head0 + n;
-    const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + head;
-    __syncthreads();  // previous head done with vals / w
-    for (int idx = threadIdx.x; idx < staged * bg.dv; idx += kThreads) {
-      const int p = idx / bg.dv, r = idx % bg.dv;
-      const std::size_t slot = ring_slot(A.rec, bg.b, win, p);
-      float val;
-      if (K == SsmKind::mamba2)
-        val = __bfloat162float(p == h0 ? A.in.v[hb * bg.dv + r] : A.rec.v[(slot * bg.H + head) * bg.dv + r]);
-      else if (recompute_u)
-        val = __bfloat162float(A.rec.v[(slot * bg.H + head) * bg.dv + r]);
-      else
-        val = A.rec.u[(slot * bg.H + head) * bg.dv + r];
-      vals[idx] = val;
-    }
-    if (threadIdx.x < staged) {
-      const int p = threadIdx.x;
-      const std::size_t slot = ring_slot(A.rec, bg.b, win, p);
-      sh.a[n * L + p] = p == h0 ? A.in.alpha[hb] : A.rec.alpha[slot * bg.H + head];
-      sh.beta[p] = K == SsmKind::gdn ? A.rec.beta[slot * bg.H + head] : 0.0f;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float w = 1.0f;
-      for (int p = staged - 1; p >= 0; --p) {
-        sh.w[n * L + p] = w;
-        w *= sh.a[n * L + p];
-      }
-      sh.gamma[n] = w;
-    }
-    __syncthreads();
-    replay_flush_head<K, HP, DK>(A, bg, n, win, sh, staged, kv, qv);
+    if (n > 0) load_flush_rows<HP, DK>(head_view(A.hp, static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n, dv, DK), dv, 0, x);
+    replay_flush_head<K, HP, DK>(A, bg, n, win, sh, staged, kv, qv, x);
   }
 }
 
@@ -541,54 +737,59 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
 //   Mamba-2: o = gamma (S q) + sum_{p<=h0} w_p (k_p . q) v_p
 //   GDN:     S_{t-1}k, S_{t-1}q from (S k, S q) and the cached u; u_t = b (v - a S_{t-1}k);
 //            o = a S_{t-1}q + u_t (k . q)
+// The checkpoint stream does not depend on the records, so its first batch of loads is issued
+// before the record phase and every later batch before the previous one is consumed: the DRAM
+// latency overlaps the record phase and the dot products (what a 2-7x smaller LP read needs).
 template <SsmKind K, StorageFormat R, int DK>
 __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
                                       const ReplayShared& sh) {
   using T = Tile<R, DK>;
   constexpr int E = T::E, P = T::P, LPR = T::LPR, RW = T::RW;
+  constexpr int NV = K == SsmKind::gdn ? 2 : 1;
+  constexpr int kBatch = R == StorageFormat::nvfp4 ? 2 : 4;  // row iterations per batch of loads
   const int L = A.window, h0 = win.h;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int NH = bg.NH, dv = bg.dv;
   const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
   const __nv_bfloat16* q_t = A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
   const int staged = K == SsmKind::mamba2 ? h0 + 1 : h0;
-  // Stage the NH heads' record vectors and decays (independent loads, issued before the stream).
-  float* vals = sh.stage;  // [NH][staged][dv]
-  const int total = NH * staged * dv;
-  for (int idx0 = threadIdx.x; idx0 < total; idx0 += 4 * kThreads) {
-    float v4[4];
+  const DeviceState& read_state = A.split ? A.lp : A.hp;
+  const std::size_t hb0 = static_cast<std::size_t>(bg.b) * bg.H + bg.head0;
+  const HeadView rv = head_view(read_state, hb0, dv, DK);  // NH adjacent heads: one tall matrix
+  const int rows_total = NH * dv;
+  const int iterations = (rows_total + kWarps * RW - 1) / (kWarps * RW);
+  auto row_of = [&](int it) { return (it * kWarps + warp) * RW + T::row_in_iteration(lane); };
+  RawPiece raw[kBatch][P];
+  float tscale[kBatch];
+  auto load_batch = [&](int it0) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int idx = idx0 + j * kThreads;
-      v4[j] = 0.0f;
-      if (idx >= total) continue;
-      const int n = idx / (staged * dv), rem = idx % (staged * dv), p = rem / dv, r = rem % dv;
-      const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
-      if (K == SsmKind::mamba2)
-        v4[j] = __bfloat162float(p == h0 ? A.in.v[hb * dv + r]
-                                         : A.rec.v[(ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n) * dv + r]);
-      else
-        v4[j] = A.rec.u[(ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n) * dv + r];
+    for (int j = 0; j < kBatch; ++j) {
+      const int row = row_of(it0 + j);
+      const bool valid = it0 + j < iterations && row < rows_total;
+      tscale[j] = 1.0f;
+      if (valid && R == StorageFormat::nvfp4) tscale[j] = read_state.tensor_scales[hb0 + row / dv];
+#pragma unroll
+      for (int p = 0; p < P; ++p) raw[j][p] = valid ? load_raw_piece<R, DK>(rv, row, T::col(lane, p)) : RawPiece{};
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (idx0 + j * kThreads < total) vals[idx0 + j * kThreads] = v4[j];
+  };
+  load_batch(0);
+
+  // Record phase: record vectors, decay weights, key products (c1_p = k_p . q_t; GDN c2_p = k_p . k_t).
+  stage_record_vectors<K>(A, bg, win, sh.vals, h0, staged, false, nullptr);
+  stage_decay_weights(A, bg, win, sh, h0, staged, false);
+  {
+    using KT = Tile<StorageFormat::fp32, DK>;
+    float qf[KT::P][4], kf[KT::P][4];
+    load_lane_vector<4, KT::P, KT::LPR>(q_t, lane, qf);
+    load_lane_vector<4, KT::P, KT::LPR>(k_t, lane, kf);
+    key_products<DK, K == SsmKind::gdn>(
+        staged,
+        [&](int p) { return p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK; }, qf, kf,
+        sh.c1, sh.c2);
   }
-  for (int idx = threadIdx.x; idx < NH * staged; idx += kThreads) {
-    const int n = idx / staged, p = idx % staged;
-    const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
-    sh.a[n * L + p] = p == h0 ? A.in.alpha[hb] : A.rec.alpha[ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n];
-  }
-  // Key products, once for the NH heads: c1_p = k_p . q_t; GDN c2_p = k_p . k_t.
-  for (int p = warp; p < staged; p += kWarps) {
-    const __nv_bfloat16* kp = p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK;
-    const float dq = warp_dot_bf16<DK>(kp, q_t, lane);
-    const float dk = K == SsmKind::gdn ? warp_dot_bf16<DK>(kp, k_t, lane) : 0.0f;
-    if (lane == 0) sh.c1[p] = dq, sh.c2[p] = dk;
-  }
-  // Stream the NH heads' read checkpoints as one (NH*dv) x dk matrix: rows1 = S q (rows2 = S k).
-  constexpr int NV = K == SsmKind::gdn ? 2 : 1;
-  float vecs[P][NV][E];  // lane slices of q (and k), piece-major as dot_piece takes them
+
+  // Stream the NH heads' read checkpoints: rows1 = S q (rows2 = S k).
+  float vecs[P][NV][E];  // lane slices of q (and k), piece-major as dot_raw_piece takes them
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     const int col = T::col(lane, p);
@@ -598,45 +799,40 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
       if constexpr (K == SsmKind::gdn) load_bf16x4(k_t + col + e, &vecs[p][NV - 1][e]);
     }
   }
-  const DeviceState& read_state = A.split ? A.lp : A.hp;
-  const std::size_t hb0 = static_cast<std::size_t>(bg.b) * bg.H + bg.head0;
-  HeadView rv = head_view(read_state, hb0, dv, DK);  // NH adjacent heads: one tall matrix
-  const int rows_total = NH * dv;
-  constexpr int kBatch = 4;
-  for (int it0 = 0; it0 * kWarps * RW < rows_total; it0 += kBatch) {
-    float acc[kBatch][NV];
+  for (int it0 = 0; it0 < iterations; it0 += kBatch) {
+    RawPiece cur[kBatch][P];
+    float cur_scale[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const int row = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
+      cur_scale[j] = tscale[j];
 #pragma unroll
-      for (int v = 0; v < NV; ++v) acc[j][v] = 0.0f;
-      if (row < rows_total) {
-        HeadView hv = rv;
-        if constexpr (R == StorageFormat::nvfp4) hv.tensor_scale = read_state.tensor_scales[hb0 + row / dv];
+      for (int p = 0; p < P; ++p) cur[j][p] = raw[j][p];
+    }
+    if (it0 + kBatch < iterations) load_batch(it0 + kBatch);
+    constexpr int N = kBatch * NV;  // partial sums per lane, [j][v]
+    float acc[N];
 #pragma unroll
-        for (int p = 0; p < P; ++p) dot_piece<R, DK, NV>(hv, row, T::col(lane, p), vecs[p], acc[j]);
+    for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+#pragma unroll
+      for (int p = 0; p < P; ++p) dot_raw_piece<R, NV>(cur[j][p], cur_scale[j], vecs[p], &acc[j * NV]);
+    if constexpr (N <= LPR) {
+      const float sum = row_sum_scatter<LPR, N>(acc);
+      const int i = scatter_index<LPR, N>(lane), j = i / NV, v = i % NV;
+      const int row = row_of(it0 + j);
+      if (lane % (LPR / N) == 0 && it0 + j < iterations && row < rows_total) (v == 0 ? sh.rows1 : sh.rows2)[row] = sum;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int row = row_of(it0 + j);
+#pragma unroll
+        for (int v = 0; v < NV; ++v) {
+          const float sum = row_sum<LPR>(acc[j * NV + v]);
+          if (lane % LPR == 0 && it0 + j < iterations && row < rows_total) (v == 0 ? sh.rows1 : sh.rows2)[row] = sum;
+        }
       }
     }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int row = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
-#pragma unroll
-      for (int v = 0; v < NV; ++v) acc[j][v] = row_sum<LPR>(acc[j][v]);
-      if (row < rows_total && lane % LPR == 0) {
-        sh.rows1[row] = acc[j][0];
-        if (K == SsmKind::gdn) sh.rows2[row] = acc[j][NV - 1];
-      }
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < NH) {
-    const int n = threadIdx.x;
-    float w = 1.0f;
-    for (int p = staged - 1; p >= 0; --p) {
-      sh.w[n * L + p] = w;
-      w *= sh.a[n * L + p];
-    }
-    sh.gamma[n] = w;
   }
   float kq_t = 0.0f;
   if (K == SsmKind::gdn) kq_t = warp_dot_bf16<DK>(k_t, q_t, lane);
@@ -645,7 +841,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
     const int n = idx / dv, r = idx % dv;
     const std::size_t hb = hb0 + n;
-    const float* vn = vals + static_cast<std::size_t>(n) * staged * dv;
+    const float* vn = sh.vals + static_cast<std::size_t>(n) * L * dv;
     const float* wn = sh.w + n * L;
     const float gamma = sh.gamma[n];
     if (K == SsmKind::mamba2) {
@@ -689,19 +885,29 @@ __device__ __forceinline__ void append_record(const ReplayArgs& A, const BlockGe
 // (the flush path needs far more registers, and sharing a kernel would cap the occupancy of the
 // non-flush path that most steps take): blocks whose sequence does not take that path exit at once.
 // Both read window[parity]; the flush kernel, launched second, writes window[1 - parity].
+// Blocks per SM the register budget is sized for (ptxas -v: no spills at these bounds). NVFP4
+// pieces hold 32 columns, so a lane's slice of q (and k) alone takes 32 (64) registers.
 template <SsmKind K, StorageFormat R, int DK>
-__global__ void __launch_bounds__(kThreads, 4) replay_nonflush_kernel(ReplayArgs A) {
+constexpr int nonflush_min_blocks() {
+  if (DK == 256 || R == StorageFormat::nvfp4) return K == SsmKind::gdn ? 2 : 3;
+  return K == SsmKind::gdn && R == StorageFormat::fp8b128 ? 3 : 4;
+}
+template <int DK>
+constexpr int flush_min_blocks() { return DK == 256 ? 2 : 3; }
+
+template <SsmKind K, StorageFormat R, int DK>
+__global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) replay_nonflush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const WindowState win = A.rec.window[A.rec.parity][bg.b];
   if (win.h + 1 == A.window) return;
-  const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH);
+  const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false);
   append_record(A, bg, win, DK, K == SsmKind::gdn);
   replay_nonflush_block<K, R, DK>(A, bg, win, sh);
 }
 
 template <SsmKind K, StorageFormat HP, int DK>
-__global__ void __launch_bounds__(kThreads) replay_flush_kernel(ReplayArgs A) {
+__global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const WindowState win = A.rec.window[A.rec.parity][bg.b];
@@ -718,7 +924,7 @@ __global__ void __launch_bounds__(kThreads) replay_flush_kernel(ReplayArgs A) {
     A.rec.window[1 - A.rec.parity][bg.b] = next;
   }
   if (!flush) return;
-  const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH);
+  const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, true);
   append_record(A, bg, win, DK, K == SsmKind::gdn);
   replay_flush_block<K, HP, DK>(A, bg, win, sh);
 }
@@ -743,14 +949,23 @@ __host__ __device__ inline std::size_t verify_shared_floats(int L, int T, int DK
          + static_cast<std::size_t>(NH) * n * T      // decay weights per head
          + static_cast<std::size_t>(NH) * n          // decays
          + 2 * static_cast<std::size_t>(NH) * T      // d_s, beta_s
-         + 2 * static_cast<std::size_t>(NH) * dv * T;  // S q_s, S k_s
+         + 2 * static_cast<std::size_t>(NH) * dv * T   // S q_s, S k_s
+         + static_cast<std::size_t>(NH) * (L + 1);      // flush weights and gamma per head
 }
 
 // Output-only verification of T drafts for NH heads from an FP32 checkpoint (Algorithm 2; GDN: the
 // UT transform, solved per row by forward substitution). A flush (h + T > L) folds the h committed
 // records into the same streamed rows and writes them back.
+// Blocks per SM the verify kernel's registers are sized for: T drafts' query (and key) slices stay
+// in registers, 4T (8T) of them per lane at dk = 128.
 template <SsmKind K, int DK, int TD>
-__global__ void __launch_bounds__(kThreads) verify_kernel(VerifyArgs A) {
+constexpr int verify_min_blocks() {
+  if (DK == 256) return 1;
+  return TD == 8 && K == SsmKind::gdn ? 2 : 3;
+}
+
+template <SsmKind K, int DK, int TD>
+__global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) verify_kernel(VerifyArgs A) {
   using T = Tile<StorageFormat::fp32, DK>;
   constexpr int E = 4, P = T::P, LPR = T::LPR, RW = T::RW;
   extern __shared__ float smem[];
@@ -768,50 +983,123 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(VerifyArgs A) {
   float* s_a = s_w + NH * NP * TD;                        // [NH][n]
   float* s_d = s_a + NH * NP;                             // [NH][TD]
   float* s_beta = s_d + NH * TD;                          // [NH][TD]
-  float* s_rows = s_beta + NH * TD;                       // [2][NH*dv][TD]
+  float* s_rows = s_beta + NH * TD;                       // [2][TD][NH*dv] (row-minor: conflict-free reads)
+  float* s_fw = s_rows + 2 * NH * dv * TD;                // [NH][L] flush weights prod_{l=p+1}^{h-1} a_l
+  float* s_fg = s_fw + NH * A.window;                     // [NH] flush gamma prod_{l<h} a_l
   const std::size_t hb0 = static_cast<std::size_t>(bg.b) * bg.H + bg.head0;
   auto draft_k = [&](int s) { return A.in.k + ((static_cast<std::size_t>(bg.b) * TD + s) * bg.G + bg.g) * DK; };
   auto draft_q = [&](int s) { return A.in.q + ((static_cast<std::size_t>(bg.b) * TD + s) * bg.G + bg.g) * DK; };
   auto key_at = [&](int p) { return p >= h ? draft_k(p - h) : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK; };
   auto in_head = [&](int s, int nn) { return (static_cast<std::size_t>(bg.b) * TD + s) * bg.H + bg.head0 + nn; };
   // Draft records after the committed ones (rejected ones are overwritten later).
-  for (int s = 0; s < TD; ++s) {
+  const SmallDiv per_draft(NH);
+  copy_vectors(
+      TD * NH, dv,
+      [&](int vec, int r) { const int s = per_draft(vec), nn = vec - s * NH; return A.in.v[in_head(s, nn) * dv + r]; },
+      [&](int vec, int r, __nv_bfloat16 x) {
+        const int s = per_draft(vec), nn = vec - s * NH;
+        A.rec.v[(ring_slot(A.rec, bg.b, win, h + s) * bg.H + bg.head0 + nn) * dv + r] = x;
+      });
+  if (bg.vh0 == 0)
+    copy_unrolled<4>(
+        TD * DK / 2, [&](int i) { return reinterpret_cast<const __nv_bfloat162*>(draft_k(2 * i / DK))[i % (DK / 2)]; },
+        [&](int i, __nv_bfloat162 x) {
+          const std::size_t slot = ring_slot(A.rec, bg.b, win, h + 2 * i / DK);
+          reinterpret_cast<__nv_bfloat162*>(A.rec.k + (slot * bg.G + bg.g) * DK)[i % (DK / 2)] = x;
+        });
+  for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) {
+    const int s = idx / NH, nn = idx % NH;
     const std::size_t slot = ring_slot(A.rec, bg.b, win, h + s);
-    if (bg.vh0 == 0)
-      for (int c = threadIdx.x; c < DK; c += kThreads) A.rec.k[(slot * bg.G + bg.g) * DK + c] = draft_k(s)[c];
-    for (int idx = threadIdx.x; idx < NH * dv; idx += kThreads)
-      A.rec.v[(slot * bg.H + bg.head0) * dv + idx] = A.in.v[in_head(s, idx / dv) * dv + idx % dv];
-    if (threadIdx.x < NH) {
-      A.rec.alpha[slot * bg.H + bg.head0 + threadIdx.x] = A.in.alpha[in_head(s, threadIdx.x)];
-      if (K == SsmKind::gdn) A.rec.beta[slot * bg.H + bg.head0 + threadIdx.x] = A.in.beta[in_head(s, threadIdx.x)];
-    }
+    A.rec.alpha[slot * bg.H + bg.head0 + nn] = A.in.alpha[in_head(s, nn)];
+    if (K == SsmKind::gdn) A.rec.beta[slot * bg.H + bg.head0 + nn] = A.in.beta[in_head(s, nn)];
   }
   // Stage: committed record vectors (v or u), draft v (Mamba-2), decays, betas, committed keys.
   const int committed_vals = K == SsmKind::mamba2 ? n : h;
-  for (int idx = threadIdx.x; idx < NH * committed_vals * dv; idx += kThreads) {
-    const int nn = idx / (committed_vals * dv), rem = idx % (committed_vals * dv), p = rem / dv, r = rem % dv;
-    float val;
-    if (p >= h) val = __bfloat162float(A.in.v[in_head(p - h, nn) * dv + r]);
-    else if (K == SsmKind::mamba2) val = __bfloat162float(A.rec.v[(ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn) * dv + r]);
-    else val = A.rec.u[(ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn) * dv + r];
-    s_vals[(static_cast<std::size_t>(nn) * NP + p) * dv + r] = val;
-  }
-  for (int idx = threadIdx.x; idx < NH * n; idx += kThreads) {
-    const int nn = idx / n, p = idx % n;
-    s_a[nn * NP + p] = p >= h ? A.in.alpha[in_head(p - h, nn)] : A.rec.alpha[ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn];
-  }
+  const SmallDiv per_head(committed_vals > 0 ? committed_vals : 1);
+  copy_vectors(
+      NH * committed_vals, dv,
+      [&](int vec, int r) {
+        const int nn = per_head(vec), p = vec - nn * committed_vals;
+        if (p >= h) return __bfloat162float(A.in.v[in_head(p - h, nn) * dv + r]);
+        const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn) * dv + r;
+        return K == SsmKind::mamba2 ? __bfloat162float(A.rec.v[rec]) : A.rec.u[rec];
+      },
+      [&](int vec, int r, float x) {
+        const int nn = per_head(vec), p = vec - nn * committed_vals;
+        s_vals[(static_cast<std::size_t>(nn) * NP + p) * dv + r] = x;
+      });
+  copy_unrolled<2>(
+      NH * n,
+      [&](int idx) {
+        const int nn = idx / n, p = idx % n;
+        return p >= h ? A.in.alpha[in_head(p - h, nn)] : A.rec.alpha[ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn];
+      },
+      [&](int idx, float x) { s_a[(idx / n) * NP + idx % n] = x; });
   if (K == SsmKind::gdn)
     for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) s_beta[idx] = A.in.beta[in_head(idx % TD, idx / TD)];
   if (flush)
-    for (int idx = threadIdx.x; idx < h * DK; idx += kThreads)
-      s_keys[idx] = __bfloat162float(A.rec.k[(ring_slot(A.rec, bg.b, win, idx / DK) * bg.G + bg.g) * DK + idx % DK]);
-  // Key products, once for the NH heads.
-  for (int job = warp; job < n * TD; job += kWarps) {
-    const int p = job / TD, s = job % TD;
-    if (p > h + s) continue;
-    const float dq = warp_dot_bf16<DK>(key_at(p), draft_q(s), lane);
-    const float dk = K == SsmKind::gdn && p < h + s ? warp_dot_bf16<DK>(key_at(p), draft_k(s), lane) : 0.0f;
-    if (lane == 0) s_kq[p * TD + s] = dq, s_kk[p * TD + s] = dk;
+    copy_unrolled<4>(
+        h * DK / 2,
+        [&](int i) {
+          const int p = 2 * i / DK;
+          return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(
+              A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK)[i % (DK / 2)]);
+        },
+        [&](int i, float2 x) { reinterpret_cast<float2*>(s_keys)[i] = x; });
+  // The drafts' queries (and keys), lane slices for the streamed rows and the key products.
+  float qv[TD][P][E], kv[K == SsmKind::gdn ? TD : 1][P][E];
+#pragma unroll
+  for (int s = 0; s < TD; ++s)
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      load_bf16x4(draft_q(s) + T::col(lane, p), qv[s][p]);
+      if constexpr (K == SsmKind::gdn) load_bf16x4(draft_k(s) + T::col(lane, p), kv[s][p]);
+    }
+  // Key products, once for the NH heads: s_kq[p][s] = k_p . q_s (p <= h + s), s_kk[p][s] = k_p . k_s
+  // (p < h + s); one key per warp row group, all drafts at once.
+  {
+    constexpr int NV = K == SsmKind::gdn ? 2 : 1, N = TD * NV;
+    constexpr int kKeyBatch = 2;
+    const int iterations = (n + kWarps * RW - 1) / (kWarps * RW);
+    for (int it0 = 0; it0 < iterations; it0 += kKeyBatch) {
+      float kp[kKeyBatch][P][E];
+#pragma unroll
+      for (int j = 0; j < kKeyBatch; ++j) {
+        const int p = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
+#pragma unroll
+        for (int q = 0; q < P; ++q) {
+          if (p < n) load_bf16x4(key_at(p) + T::col(lane, q), kp[j][q]);
+          else kp[j][q][0] = kp[j][q][1] = kp[j][q][2] = kp[j][q][3] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kKeyBatch; ++j) {
+        const int p = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
+        float part[N];
+#pragma unroll
+        for (int s = 0; s < TD; ++s) {
+          part[s] = 0.0f;
+          if constexpr (K == SsmKind::gdn) part[TD + s] = 0.0f;
+#pragma unroll
+          for (int q = 0; q < P; ++q) {
+            part[s] += dot_e<E>(kp[j][q], qv[s][q]);
+            if constexpr (K == SsmKind::gdn) part[TD + s] += dot_e<E>(kp[j][q], kv[s][q]);
+          }
+        }
+        if constexpr (N <= LPR) {
+          const float sum = row_sum_scatter<LPR, N>(part);
+          const int i = scatter_index<LPR, N>(lane), v = i / TD, s = i % TD;
+          if (p < n && lane % (LPR / N) == 0 && (v == 0 ? p <= h + s : p < h + s)) (v == 0 ? s_kq : s_kk)[p * TD + s] = sum;
+        } else {
+#pragma unroll
+          for (int i = 0; i < N; ++i) {
+            const float sum = row_sum<LPR>(part[i]);
+            const int v = i / TD, s = i % TD;
+            if (p < n && lane % LPR == 0 && (v == 0 ? p <= h + s : p < h + s)) (v == 0 ? s_kq : s_kk)[p * TD + s] = sum;
+          }
+        }
+      }
+    }
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) {  // w[p][s] = prod_{l=p+1}^{h+s} a_l, d_s
@@ -823,71 +1111,85 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(VerifyArgs A) {
     }
     s_d[nn * TD + s] = w;
   }
-  // One streaming read of the NH checkpoints: S q_s (and S k_s) for every draft.
-  float qv[TD][P][E], kv[K == SsmKind::gdn ? TD : 1][P][E];
-#pragma unroll
-  for (int s = 0; s < TD; ++s)
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      load_bf16x4(draft_q(s) + T::col(lane, p), qv[s][p]);
-      if constexpr (K == SsmKind::gdn) load_bf16x4(draft_k(s) + T::col(lane, p), kv[s][p]);
+  if (flush)  // the committed records' weights for the fold, one warp per head
+    for (int nn = warp; nn < NH; nn += kWarps) {
+      const SuffixProducts fw = warp_suffix_products(lane < h ? s_a[nn * NP + lane] : 1.0f,
+                                                     lane + 32 < h ? s_a[nn * NP + lane + 32] : 1.0f);
+      if (lane < h) s_fw[nn * A.window + lane] = fw.lo;
+      if (lane + 32 < h) s_fw[nn * A.window + lane + 32] = fw.hi;
+      if (lane == 0) s_fg[nn] = fw.gamma;
     }
+  // One streaming read of the NH checkpoints: S q_s (and S k_s) for every draft.
   __syncthreads();
   const HeadView ck = head_view(A.ckpt, hb0, dv, DK);
   const int rows_total = NH * dv;
-  for (int it = 0; it * kWarps * RW < rows_total; ++it) {
-    const int row = (it * kWarps + warp) * RW + T::row_in_iteration(lane);
-    const bool valid = row < rows_total;
-    float x[P][E];
+  constexpr int kBatch = TD >= 8 ? 2 : 4;  // row iterations whose loads are issued together
+  for (int it0 = 0; it0 * kWarps * RW < rows_total; it0 += kBatch) {
+    float xb[kBatch][P][E];
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      if (valid) load4<StorageFormat::fp32, DK>(ck, row, T::col(lane, p), x[p]);
-      else for (int e = 0; e < E; ++e) x[p][e] = 0.0f;
-    }
-#pragma unroll
-    for (int s = 0; s < TD; ++s) {
-      float dq = 0.0f, dk = 0.0f;
+    for (int j = 0; j < kBatch; ++j) {
+      const int row = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
 #pragma unroll
       for (int p = 0; p < P; ++p) {
-        dq += dot_e<E>(x[p], qv[s][p]);
-        if constexpr (K == SsmKind::gdn) dk += dot_e<E>(x[p], kv[s][p]);
+        if (row < rows_total) load4<StorageFormat::fp32, DK>(ck, row, T::col(lane, p), xb[j][p]);
+        else for (int e = 0; e < E; ++e) xb[j][p][e] = 0.0f;
       }
-      dq = row_sum<LPR>(dq);
-      if constexpr (K == SsmKind::gdn) dk = row_sum<LPR>(dk);
-      if (valid && lane % LPR == 0) {
-        s_rows[row * TD + s] = dq;
-        if (K == SsmKind::gdn) s_rows[(rows_total + row) * TD + s] = dk;
+    }
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    const int row = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
+    const bool valid = row < rows_total;
+    float (&x)[P][E] = xb[j];
+    {
+      constexpr int NV = K == SsmKind::gdn ? 2 : 1, N = TD * NV;  // partial sums [v][s]
+      float part[N];
+#pragma unroll
+      for (int s = 0; s < TD; ++s) {
+        part[s] = 0.0f;
+        if constexpr (K == SsmKind::gdn) part[TD + s] = 0.0f;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          part[s] += dot_e<E>(x[p], qv[s][p]);
+          if constexpr (K == SsmKind::gdn) part[TD + s] += dot_e<E>(x[p], kv[s][p]);
+        }
+      }
+      if constexpr (N <= LPR) {
+        const float sum = row_sum_scatter<LPR, N>(part);
+        const int i = scatter_index<LPR, N>(lane);
+        if (valid && lane % (LPR / N) == 0) s_rows[i * rows_total + row] = sum;
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const float sum = row_sum<LPR>(part[i]);
+          if (valid && lane % LPR == 0) s_rows[i * rows_total + row] = sum;
+        }
       }
     }
     if (flush && h > 0) {
       // S_new = gamma_h S + sum_{p<h} prod_{l=p+1}^{h-1} a_l  v_p k_p^T (Mamba-2: v; GDN: cached u).
       const int nn = valid ? row / dv : 0, r = row % dv;
-      const float* an = s_a + nn * NP;
-      float coef_w = 1.0f;
-      float gamma_h = 1.0f;
-      for (int p = 0; p < h; ++p) gamma_h *= an[p];
+      const float gamma_h = s_fg[nn];
 #pragma unroll
       for (int p = 0; p < P; ++p)
 #pragma unroll
         for (int e = 0; e < E; ++e) x[p][e] *= gamma_h;
-      for (int j = h - 1; j >= 0; --j) {
-        const float vj = valid ? s_vals[(static_cast<std::size_t>(nn) * NP + j) * dv + r] : 0.0f;
+      for (int j = 0; j < h; ++j) {
+        const float c = valid ? s_fw[nn * A.window + j] * s_vals[(static_cast<std::size_t>(nn) * NP + j) * dv + r] : 0.0f;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
           const float4 k4 = *reinterpret_cast<const float4*>(s_keys + j * DK + T::col(lane, p));
-          const float c = coef_w * vj;
           x[p][0] = fmaf(c, k4.x, x[p][0]);
           x[p][1] = fmaf(c, k4.y, x[p][1]);
           x[p][2] = fmaf(c, k4.z, x[p][2]);
           x[p][3] = fmaf(c, k4.w, x[p][3]);
         }
-        coef_w *= an[j];
       }
       if (valid)
 #pragma unroll
         for (int p = 0; p < P; ++p)
           store_piece<StorageFormat::fp32, DK>(ck, row, T::col(lane, p), x[p], formats::RoundingMode::nearest_even, 0, 0);
     }
+  }
   }
   __syncthreads();
   // One thread per (head, row): GDN solves the drafts' corrections (forward substitution of
@@ -900,7 +1202,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(VerifyArgs A) {
     if (K == SsmKind::gdn) {
 #pragma unroll
       for (int s = 0; s < TD; ++s) {
-        float sk = s_d[nn * TD + s] * s_rows[(rows_total + idx) * TD + s];
+        float sk = s_d[nn * TD + s] * s_rows[(TD + s) * rows_total + idx];
         for (int p = 0; p < h; ++p) sk = fmaf(wn[p * TD + s] * s_kk[p * TD + s], vn[p * dv + r], sk);
 #pragma unroll
         for (int j = 0; j < s; ++j) sk = fmaf(wn[(h + j) * TD + s] * s_kk[(h + j) * TD + s], u_d[j], sk);
@@ -910,7 +1212,7 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(VerifyArgs A) {
     }
 #pragma unroll
     for (int s = 0; s < TD; ++s) {
-      float o = s_d[nn * TD + s] * s_rows[idx * TD + s];
+      float o = s_d[nn * TD + s] * s_rows[s * rows_total + idx];
       const int committed = K == SsmKind::gdn ? h : h + s + 1;
       for (int p = 0; p < committed; ++p) o = fmaf(wn[p * TD + s] * s_kq[p * TD + s], vn[p * dv + r], o);
       if (K == SsmKind::gdn)
@@ -1007,17 +1309,37 @@ void check_shape(const DecodeShape& s) {
   const bool dk_ok = s.dk == 64 || s.dk == 128 || s.dk == 256;
   if (!dk_ok || s.dv < 1 || s.dv > 256 || s.key_heads < 1 || s.value_heads % s.key_heads != 0 || s.batch < 1 ||
       s.heads_per_group() > 256)
-    throw std::invalid_argument("decode kernels: unsupported shape (dk must be 64, 128 or 256; 1 <= dv <= 256; value "
-                                "heads a multiple of key heads, at most 256 per key head); got dk=" +
-                                std::to_string(s.dk) + " dv=" + std::to_string(s.dv));
+    throw_invalid_argument("decode kernels: unsupported shape (dk must be 64, 128 or 256; 1 <= dv <= 256; value heads a "
+                           "multiple of key heads, at most 256 per key head)",
+                           "dk", s.dk, "dv", s.dv);
 }
 
-// Value heads per replay/verify block: the largest divisor of the heads per key head with
-// NH * dv <= 256 (one thread per (head, row) in the record phase).
-int heads_per_block(const DecodeShape& s) {
+// Value heads per replay/verify block. Heads of one key head share the key products, so more
+// heads per block is less redundant work — but a small batch then leaves most SMs idle. Automatic
+// choice: the largest divisor of the heads per key head with NH * dv <= 256 (one thread per (head,
+// row) in the record phase) that still gives at least two blocks per SM; `requested` > 0 forces NH.
+int sm_count() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    REPLAYSSM_CUDA_CHECK(cudaGetDevice(&device));
+    REPLAYSSM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  return count;
+}
+
+int heads_per_block(const DecodeShape& s, int requested) {
+  auto allowed = [&](int nh) { return nh >= 1 && s.heads_per_group() % nh == 0 && nh * s.dv <= kThreads; };
+  if (requested > 0) {
+    if (!allowed(requested))
+      throw_invalid_argument("heads_per_block must divide the value heads per key head and keep heads_per_block * dv <= 256",
+                             "heads_per_block", requested, "dv", s.dv);
+    return requested;
+  }
+  const long target_blocks = 2L * sm_count();
   int best = 1;
-  for (int nh = 1; nh <= s.heads_per_group(); ++nh)
-    if (s.heads_per_group() % nh == 0 && nh * s.dv <= kThreads) best = nh;
+  for (int nh = 2; nh <= s.heads_per_group(); ++nh)
+    if (allowed(nh) && static_cast<long>(s.batch) * s.value_heads / nh >= target_blocks) best = nh;
   return best;
 }
 
@@ -1043,7 +1365,7 @@ void with_drafts(int t, F&& f) {
     case 2: f(std::integral_constant<int, 2>{}); break;
     case 4: f(std::integral_constant<int, 4>{}); break;
     case 8: f(std::integral_constant<int, 8>{}); break;
-    default: throw std::invalid_argument("verification supports T in {1, 2, 4, 8}, got " + std::to_string(t));
+    default: throw_invalid_argument("verification supports T in {1, 2, 4, 8}", "T", t);
   }
 }
 
@@ -1076,7 +1398,7 @@ void replay_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, c
                  DeviceRecords& records, cudaStream_t stream) {
   check_shape(shape);
   if (config.window < 1 || config.window > kMaxWindow)
-    throw std::invalid_argument("replay decode supports 1 <= L <= 64, got " + std::to_string(config.window));
+    throw_invalid_argument("replay decode supports 1 <= L <= 64", "L", config.window);
   if (records.capacity < config.window) throw std::invalid_argument("record ring smaller than the window");
   const StorageFormat read = config.split() ? config.lp.format : config.hp.format;
   if (read == StorageFormat::fp8b128 && shape.dk % 128) throw std::invalid_argument("fp8b128 read needs dk % 128 == 0");
@@ -1084,32 +1406,30 @@ void replay_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, c
   // HP checkpoint it just wrote, which holds S itself only when HP is fp32.
   if (config.split() && read == StorageFormat::nvfp4 && config.hp.format != StorageFormat::fp32)
     throw std::invalid_argument("an NVFP4 read checkpoint needs an fp32 recurrence checkpoint in the kernels");
-  const int NH = heads_per_block(shape);
+  const int NH = heads_per_block(shape, config.heads_per_block);
   ReplayArgs A{shape, in, config.window, config.hp, config.lp, config.split(),
                formats::element_rounding_mode(config.hp_rounding), config.seed, records, NH};
   const dim3 grid(shape.value_heads / NH, shape.batch);
-  const std::size_t smem = sizeof(float) * replay_shared_floats(config.window, shape.dk, shape.dv, NH);
   with_kind(kind, [&](auto K) {
     with_dk(shape.dk, [&](auto DK) {
-      auto launch = [&](auto kernel) {
+      auto launch = [&](auto kernel, bool flush) {
+        const std::size_t smem = sizeof(float) * replay_shared_floats(config.window, shape.dk, shape.dv, NH, flush);
         REPLAYSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         kernel<<<grid, kThreads, smem, stream>>>(A);
         REPLAYSSM_CUDA_CHECK_LAUNCH();
       };
       switch (read) {
-        case StorageFormat::fp32: launch(replay_nonflush_kernel<K(), StorageFormat::fp32, DK()>); break;
-        case StorageFormat::fp16: launch(replay_nonflush_kernel<K(), StorageFormat::fp16, DK()>); break;
-        case StorageFormat::bf16: launch(replay_nonflush_kernel<K(), StorageFormat::bf16, DK()>); break;
+        case StorageFormat::fp32: launch(replay_nonflush_kernel<K(), StorageFormat::fp32, DK()>, false); break;
+        case StorageFormat::fp16: launch(replay_nonflush_kernel<K(), StorageFormat::fp16, DK()>, false); break;
+        case StorageFormat::bf16: launch(replay_nonflush_kernel<K(), StorageFormat::bf16, DK()>, false); break;
         case StorageFormat::fp8b128:
-          if constexpr (DK() >= 128) launch(replay_nonflush_kernel<K(), StorageFormat::fp8b128, DK()>);
+          if constexpr (DK() >= 128) launch(replay_nonflush_kernel<K(), StorageFormat::fp8b128, DK()>, false);
           break;
-        case StorageFormat::nvfp4: launch(replay_nonflush_kernel<K(), StorageFormat::nvfp4, DK()>); break;
+        case StorageFormat::nvfp4: launch(replay_nonflush_kernel<K(), StorageFormat::nvfp4, DK()>, false); break;
         default: throw std::invalid_argument("unsupported read checkpoint format");
       }
-      // (Measured on the H200: one value head per flush block was slower than sharing the
-      // non-flush geometry — the extra empty-block launch and the 16x key staging outweigh it.)
-      if (config.hp.format == StorageFormat::fp32) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK()>);
-      else if (config.hp.format == StorageFormat::fp16) launch(replay_flush_kernel<K(), StorageFormat::fp16, DK()>);
+      if (config.hp.format == StorageFormat::fp32) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK()>, true);
+      else if (config.hp.format == StorageFormat::fp16) launch(replay_flush_kernel<K(), StorageFormat::fp16, DK()>, true);
       else throw std::invalid_argument("the recurrence checkpoint is fp32 or fp16");
     });
   });
@@ -1124,7 +1444,7 @@ void verify_step(SsmKind kind, const DecodeShape& shape, int drafts, const StepI
     throw std::invalid_argument("verification kernels read an fp32 shared checkpoint");
   if (records.capacity < std::max(config.window, drafts) + drafts)
     throw std::invalid_argument("record ring needs capacity max(L, T) + T");
-  const int NH = heads_per_block(shape);
+  const int NH = heads_per_block(shape, config.heads_per_block);
   VerifyArgs A{shape, in, config.window, drafts, config.hp, records, NH};
   const dim3 grid(shape.value_heads / NH, shape.batch);
   const std::size_t smem = sizeof(float) * verify_shared_floats(config.window, drafts, shape.dk, shape.dv, NH);

@@ -84,6 +84,7 @@ struct ReplayConfig {
   bool split() const { return lp.payload != nullptr; }
   formats::Rounding hp_rounding = formats::Rounding::rtn;
   uint64_t seed = 0;                // SR seed; streams: ssm::sr_stream with layer = sequence index
+  int heads_per_block = 0;          // value heads per block (0: chosen from the shape and the GPU)
 };
 
 void conventional_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, DeviceState state,

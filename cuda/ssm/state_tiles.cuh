@@ -113,43 +113,6 @@ __device__ __forceinline__ HeadView head_view(const DeviceState& s, std::size_t 
   return v;
 }
 
-// Decoded values of one piece (E elements), exactly as formats::dequantize_matrix (fp32/fp16/bf16/
-// fp8b128). Not provided for nvfp4: use dot_piece.
-template <StorageFormat F, int DK>
-__device__ __forceinline__ void load_piece(const HeadView& h, int row, int col, float* x) {
-  const std::size_t i = static_cast<std::size_t>(row) * DK + col;
-  if constexpr (F == StorageFormat::fp32) {
-    const float4 v = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(h.payload) + i);
-    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
-  } else if constexpr (F == StorageFormat::fp16 || F == StorageFormat::bf16) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(h.payload + 2 * i);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float2 f;
-      if constexpr (F == StorageFormat::fp16)
-        f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-      else
-        f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
-      x[2 * j] = f.x, x[2 * j + 1] = f.y;
-    }
-  } else if constexpr (F == StorageFormat::fp8b128) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(h.payload + i);
-    const float s = h.block_scales[i / formats::kFp8BlockSize];
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const __half2_raw hr =
-            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] >> (16 * half)), __NV_E4M3);
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
-        x[4 * j + 2 * half] = f.x * s, x[4 * j + 2 * half + 1] = f.y * s;
-      }
-    }
-  }
-}
-
 // Two E2M1 codes (one byte, element 2i in the low nibble) as an fp16 pair scaled by 2^-14:
 // fp16 bits (sign << 15) | (magnitude << 9) put E2M1's exponent and mantissa in place.
 __device__ __forceinline__ float2 e2m1x2_to_float2(uint32_t byte) {
@@ -160,17 +123,37 @@ __device__ __forceinline__ float2 e2m1x2_to_float2(uint32_t byte) {
   return __half22float2(h);
 }
 
-// Partial dot products of one piece with NV vectors given for the lane's columns (vec[v][e]).
-// Returns per-vector partial sums in `acc` (added).
-template <StorageFormat F, int DK, int NV>
-__device__ __forceinline__ void dot_piece(const HeadView& h, int row, int col, const float (*vec)[FormatTraits<F>::kElementsPerPiece],
-                                          float* acc) {
-  constexpr int E = FormatTraits<F>::kElementsPerPiece;
+// One piece as loaded from memory, not yet decoded: 16 payload bytes in every format, plus the
+// piece's scale data (fp8b128: its block scale; nvfp4: its two E4M3 block-scale codes). Loading and
+// decoding are separate so a kernel can issue the loads of a whole batch (or of the next batch)
+// before it needs the values: the DRAM latency then overlaps other work.
+struct RawPiece {
+  uint4 bits;
+  uint32_t aux;  // fp8b128: the block scale's float bits; nvfp4: two scale codes
+};
+
+template <StorageFormat F, int DK>
+__device__ __forceinline__ RawPiece load_raw_piece(const HeadView& h, int row, int col) {
+  constexpr int kBits = F == StorageFormat::fp32 ? 32 : F == StorageFormat::fp16 || F == StorageFormat::bf16 ? 16
+                        : F == StorageFormat::fp8b128                                            ? 8
+                                                                                                 : 4;
+  const std::size_t i = static_cast<std::size_t>(row) * DK + col;
+  RawPiece r;
+  r.bits = *reinterpret_cast<const uint4*>(h.payload + i * kBits / 8);
+  r.aux = 0;
+  if constexpr (F == StorageFormat::fp8b128) r.aux = __float_as_uint(h.block_scales[i / formats::kFp8BlockSize]);
+  if constexpr (F == StorageFormat::nvfp4) r.aux = *reinterpret_cast<const uint16_t*>(h.scale_codes + i / formats::kNvfp4BlockSize);
+  return r;
+}
+
+// Partial dot products of one loaded piece with NV vectors given for the lane's columns
+// (vec[v][e]), added to acc[v]. `tensor_scale` is the head's NVFP4 tensor scale (else unused).
+template <StorageFormat F, int NV>
+__device__ __forceinline__ void dot_raw_piece(const RawPiece& r, float tensor_scale,
+                                              const float (*vec)[FormatTraits<F>::kElementsPerPiece], float* acc) {
+  const uint32_t w[4] = {r.bits.x, r.bits.y, r.bits.z, r.bits.w};
   if constexpr (F == StorageFormat::nvfp4) {
-    const std::size_t i = static_cast<std::size_t>(row) * DK + col;
-    const uint4 raw = *reinterpret_cast<const uint4*>(h.payload + i / 2);
-    const uint16_t sc = *reinterpret_cast<const uint16_t*>(h.scale_codes + i / formats::kNvfp4BlockSize);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    const uint32_t sc = r.aux;
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk) {
       const __half_raw sr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sc >> (8 * blk)), __NV_E4M3);
@@ -191,14 +174,11 @@ __device__ __forceinline__ void dot_piece(const HeadView& h, int row, int col, c
         }
       }
 #pragma unroll
-      for (int v = 0; v < NV; ++v) acc[v] = fmaf(part[v], sb * h.tensor_scale, acc[v]);
+      for (int v = 0; v < NV; ++v) acc[v] = fmaf(part[v], sb * tensor_scale, acc[v]);
     }
   } else if constexpr (F == StorageFormat::fp8b128) {
     // The block scale is common to the piece: multiply the partial sum once.
-    const std::size_t i = static_cast<std::size_t>(row) * DK + col;
-    const uint4 raw = *reinterpret_cast<const uint4*>(h.payload + i);
-    const float s = h.block_scales[i / formats::kFp8BlockSize];
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    const float s = __uint_as_float(r.aux);
     float part[NV];
 #pragma unroll
     for (int v = 0; v < NV; ++v) part[v] = 0.0f;
@@ -216,14 +196,109 @@ __device__ __forceinline__ void dot_piece(const HeadView& h, int row, int col, c
     }
 #pragma unroll
     for (int v = 0; v < NV; ++v) acc[v] = fmaf(part[v], s, acc[v]);
-  } else {
-    float x[E];
-    load_piece<F, DK>(h, row, col, x);
+  } else if constexpr (F == StorageFormat::fp32) {
 #pragma unroll
-    for (int e = 0; e < E; ++e)
+    for (int e = 0; e < 4; ++e)
 #pragma unroll
-      for (int v = 0; v < NV; ++v) acc[v] = fmaf(x[e], vec[v][e], acc[v]);
+      for (int v = 0; v < NV; ++v) acc[v] = fmaf(__uint_as_float(w[e]), vec[v][e], acc[v]);
+  } else {  // fp16 / bf16
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float2 f;
+      if constexpr (F == StorageFormat::fp16)
+        f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+      else
+        f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+#pragma unroll
+      for (int v = 0; v < NV; ++v) acc[v] = fmaf(f.y, vec[v][2 * j + 1], fmaf(f.x, vec[v][2 * j], acc[v]));
+    }
   }
+}
+
+// Sums N values per lane (N a power of two, N <= LPR) over the LPR lanes of a row with N - 1 +
+// log2(LPR / N) shuffles instead of N log2(LPR): each exchange step sends half of the remaining
+// values to the partner lane and keeps the other half (a reduce-scatter). Afterwards every lane
+// holds the full row sum of value scatter_index<LPR, N>(lane). The steps are template recursion so
+// that every index is a compile-time constant (a runtime-indexed register array becomes selects).
+template <int N, int OFF>
+__device__ __forceinline__ float scatter_steps(float* buf, int lane) {
+  if constexpr (N > 1) {
+    constexpr int H = N / 2;
+    const bool upper = (lane & OFF) != 0;
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+      const float send = upper ? buf[i] : buf[i + H];
+      const float keep = upper ? buf[i + H] : buf[i];
+      buf[i] = keep + __shfl_xor_sync(kFullMask, send, OFF);
+    }
+    return scatter_steps<H, OFF / 2>(buf, lane);
+  } else if constexpr (OFF > 0) {
+    buf[0] += __shfl_xor_sync(kFullMask, buf[0], OFF);
+    return scatter_steps<1, OFF / 2>(buf, lane);
+  } else {
+    return buf[0];
+  }
+}
+template <int LPR, int N>
+__device__ __forceinline__ float row_sum_scatter(const float (&x)[N]) {
+  static_assert(N >= 1 && N <= LPR && (N & (N - 1)) == 0 && (LPR & (LPR - 1)) == 0, "N, LPR powers of two, N <= LPR");
+  float buf[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) buf[i] = x[i];
+  return scatter_steps<N, LPR / 2>(buf, threadIdx.x % 32);
+}
+// Which of the N values row_sum_scatter left in this lane: the step with offset OFF and n values
+// kept the upper half (n / 2 added to the index) in lanes with that bit set.
+template <int N, int OFF>
+__device__ __forceinline__ int scatter_index_steps(int lane) {
+  if constexpr (N > 1) return ((lane & OFF) ? N / 2 : 0) + scatter_index_steps<N / 2, OFF / 2>(lane);
+  else return 0;
+}
+template <int LPR, int N>
+__device__ __forceinline__ int scatter_index(int lane) {
+  return scatter_index_steps<N, LPR / 2>(lane);
+}
+// The lane (offset within its row's LPR lanes, low bits zero) that row_sum_scatter leaves value i in.
+template <int N, int OFF>
+__device__ __forceinline__ int scatter_lane_steps(int i) {
+  if constexpr (N > 1) return ((i & (N / 2)) ? OFF : 0) + scatter_lane_steps<N / 2, OFF / 2>(i);
+  else return 0;
+}
+template <int LPR, int N>
+__device__ __forceinline__ int scatter_lane(int i) {
+  return scatter_lane_steps<N, LPR / 2>(i);
+}
+// All N row sums in every lane of the row (reduce-scatter, then one broadcast per value).
+template <int LPR, int N>
+__device__ __forceinline__ void row_sums_all(float (&x)[N]) {
+  const float mine = row_sum_scatter<LPR, N>(x);
+  const int base = (threadIdx.x % 32) / LPR * LPR;
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = __shfl_sync(kFullMask, mine, base + scatter_lane<LPR, N>(i));
+}
+
+// Exclusive suffix products of a warp's decays: for a[0..n) (n <= 64, lane l holds a[l] and
+// a[l + 32]) returns w[p] = prod_{l > p} a[l] in (lo, hi) for p = lane, lane + 32, and the full
+// product gamma = prod a. Used for the decay weights of the window's records (eq. 5 / Algorithm 1).
+struct SuffixProducts {
+  float lo, hi, gamma;
+};
+__device__ __forceinline__ SuffixProducts warp_suffix_products(float a_lo, float a_hi) {
+  const int lane = threadIdx.x % 32;
+  float in_lo = a_lo, in_hi = a_hi;  // inclusive suffix products within each half
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const float lo = __shfl_down_sync(kFullMask, in_lo, off), hi = __shfl_down_sync(kFullMask, in_hi, off);
+    if (lane + off < 32) in_lo *= lo, in_hi *= hi;
+  }
+  const float total_hi = __shfl_sync(kFullMask, in_hi, 0);
+  in_lo *= total_hi;
+  SuffixProducts r;
+  const float next_lo = __shfl_down_sync(kFullMask, in_lo, 1), next_hi = __shfl_down_sync(kFullMask, in_hi, 1);
+  r.lo = lane < 31 ? next_lo : total_hi;
+  r.hi = lane < 31 ? next_hi : 1.0f;
+  r.gamma = __shfl_sync(kFullMask, in_lo, 0);
+  return r;
 }
 
 }  // namespace replayssm::cuda::detail

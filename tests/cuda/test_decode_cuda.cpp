@@ -190,15 +190,19 @@ struct Case {
   SsmKind kind;
   DecodeShape shape;
   bool slow_decay;
+  int heads_per_block;  // replay/verify blocks: value heads per block (0: the launcher's choice)
 };
 
 std::vector<Case> cases() {
   std::vector<Case> c;
   for (SsmKind k : {SsmKind::mamba2, SsmKind::gdn}) {
-    c.push_back({k, {2, 1, 16, 128, 64}, true});    // Nemotron-3-Super head group, decays near 1
-    c.push_back({k, {3, 2, 6, 64, 37}, false});     // awkward: odd batch, dv = 37, 3 heads per key head
-    c.push_back({k, {2, 1, 2, 256, 24}, true});     // dk = 256
-    c.push_back({k, {1, 2, 4, 128, 128}, false});   // Qwen3.5 head shape
+    // Small batches make the launcher choose one head per block (to fill the SMs); forcing the
+    // largest head group per block covers the path large batches take.
+    c.push_back({k, {2, 1, 16, 128, 64}, true, 4});   // Nemotron-3-Super head group, decays near 1
+    c.push_back({k, {2, 1, 16, 128, 64}, false, 0});  // the same, launcher's choice
+    c.push_back({k, {3, 2, 6, 64, 37}, false, 3});    // awkward: odd batch, dv = 37, 3 heads per key head
+    c.push_back({k, {2, 1, 2, 256, 24}, true, 2});    // dk = 256
+    c.push_back({k, {1, 2, 4, 128, 128}, false, 0});  // Qwen3.5 head shape
   }
   return c;
 }
@@ -251,8 +255,9 @@ TEST_CASE("conventional decode kernels equal the CPU conventional decoder (fp32;
 TEST_CASE("ReplaySSM decode kernels equal the CPU decoders: shared fp32 and split low-precision reads, staggered windows") {
   int n = 0;
   for (const Case& c : cases()) {
-    for (const char* policy_text : {"shared:fp32@1", "shared:fp32@4", "shared:fp32@16", "split:fp16/fp32@8",
-                                    "split:fp8b128/fp32@16", "split:nvfp4/fp32@16", "split:fp8b128/fp16+sr@4"}) {
+    for (const char* policy_text : {"shared:fp32@1", "shared:fp32@4", "shared:fp32@16", "shared:fp32@64", "split:fp16/fp32@8",
+                                    "split:fp8b128/fp32@16", "split:nvfp4/fp32@16", "split:nvfp4/fp32@33",
+                                    "split:fp8b128/fp16+sr@4"}) {
       const DecodeShape& s = c.shape;
       const auto policy = ssm::PrecisionPolicy::parse(policy_text);
       if (policy.read.format == StorageFormat::fp8b128 && s.dk % 128) continue;
@@ -283,6 +288,7 @@ TEST_CASE("ReplaySSM decode kernels equal the CPU decoders: shared fp32 and spli
       config.hp = hp.view;
       config.hp_rounding = policy.recur.rounding;
       config.seed = policy.seed;
+      config.heads_per_block = c.heads_per_block;
       if (split) {
         lp = std::make_unique<StateBuffers>(policy.read.format, s);
         config.lp = lp->view;
@@ -335,8 +341,8 @@ TEST_CASE("ReplaySSM decode kernels equal the CPU decoders: shared fp32 and spli
       }
       const bool lp_path = split;
       const double tol = !lp_path ? 1e-5 : policy.recur.format == StorageFormat::fp32 ? 5e-3 : 2e-2;
-      std::printf("replay %s %-24s B=%d G=%d H=%d dk=%d dv=%d: max rel err %.2e (tol %.0e)%s\n", kind_name(c.kind),
-                  policy_text, s.batch, s.key_heads, s.value_heads, s.dk, s.dv, meter.relative(), tol,
+      std::printf("replay %s %-24s B=%d G=%d H=%d dk=%d dv=%d NH=%d: max rel err %.2e (tol %.0e)%s\n", kind_name(c.kind),
+                  policy_text, s.batch, s.key_heads, s.value_heads, s.dk, s.dv, c.heads_per_block, meter.relative(), tol,
                   lp_checks ? (", LP checkpoints bit-equal: " + std::to_string(lp_checks - lp_mismatch) + "/" +
                                std::to_string(lp_checks)).c_str()
                             : "");
@@ -366,6 +372,7 @@ TEST_CASE("verification kernels equal CPU verify/commit with random accepted len
       cuda::ReplayConfig config;
       config.window = L;
       config.hp = ck.view;
+      config.heads_per_block = c.heads_per_block;
       RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
       DeviceArray<int> accepted(s.batch);
       InputGen gen(test::kBaseSeed + 12000 + n, c.slow_decay);
