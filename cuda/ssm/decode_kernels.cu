@@ -898,6 +898,11 @@ constexpr int flush_min_blocks() { return DK == 256 ? 2 : 3; }
 template <SsmKind K, StorageFormat R, int DK>
 __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) replay_nonflush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The flush kernel touches only flushing sequences (and the other window-state copy): let it
+  // launch now, so its blocks fill this grid's tail and, at small batches, its launch overlaps.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const WindowState win = A.rec.window[A.rec.parity][bg.b];
   if (win.h + 1 == A.window) return;
@@ -1415,8 +1420,20 @@ void replay_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, c
       auto launch = [&](auto kernel, bool flush) {
         const std::size_t smem = sizeof(float) * replay_shared_floats(config.window, shape.dk, shape.dv, NH, flush);
         REPLAYSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        kernel<<<grid, kThreads, smem, stream>>>(A);
-        REPLAYSSM_CUDA_CHECK_LAUNCH();
+        // The flush kernel is a programmatic dependent launch of the non-flush kernel: the two work
+        // on disjoint sequences, so it may start before the non-flush grid has drained. (What follows
+        // in the stream still waits for both.)
+        cudaLaunchAttribute attribute{};
+        attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t launch_config{};
+        launch_config.gridDim = grid;
+        launch_config.blockDim = dim3(kThreads);
+        launch_config.dynamicSmemBytes = smem;
+        launch_config.stream = stream;
+        launch_config.attrs = flush ? &attribute : nullptr;
+        launch_config.numAttrs = flush ? 1 : 0;
+        REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&launch_config, kernel, A));
       };
       switch (read) {
         case StorageFormat::fp32: launch(replay_nonflush_kernel<K(), StorageFormat::fp32, DK()>, false); break;
