@@ -58,6 +58,14 @@ __device__ __forceinline__ float dot_e(const float* x, const float* y) {
   for (int e = 0; e < E; ++e) acc = fmaf(x[e], y[e], acc);
   return acc;
 }
+// acc + x . y as one fma chain (`acc += dot_e(...)` costs an extra add per call: x + 0.0f is not
+// foldable in IEEE arithmetic).
+template <int E>
+__device__ __forceinline__ float dot_acc(const float* x, const float* y, float acc) {
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc = fmaf(x[e], y[e], acc);
+  return acc;
+}
 
 // Store a piece in fp32/fp16/bf16 (RTN, or SR with the element's Philox word).
 template <StorageFormat F, int DK>
@@ -166,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shap
       for (int j = 0; j < kBatch; ++j) {
         sk[j] = 0.0f;
 #pragma unroll
-        for (int p = 0; p < P; ++p) sk[j] += dot_e<E>(x[j][p], kv[p]);
+        for (int p = 0; p < P; ++p) sk[j] = dot_acc<E>(x[j][p], kv[p], sk[j]);
       }
       row_sums_all<LPR, kBatch>(sk);
 #pragma unroll
@@ -180,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shap
       for (int p = 0; p < P; ++p) {
 #pragma unroll
         for (int e = 0; e < E; ++e) x[j][p][e] = fmaf(a, x[j][p][e], coef[j] * kv[p][e]);
-        o[j] += dot_e<E>(x[j][p], qv[p]);
+        o[j] = dot_acc<E>(x[j][p], qv[p], o[j]);
       }
       const int row = row_of(it0 + j);
       if (row < geo.dv)
@@ -313,7 +321,7 @@ __device__ __forceinline__ void copy_unrolled(int total, Load&& load, Store&& st
 }
 
 // Copies `count` vectors of `len` <= 256 elements: warp w takes vectors w, w + 8, ... with the lanes
-// over the elements, and 16 loads per lane (kVectors vectors of kSlots elements per lane) are issued
+// over the elements, and the loads of kVectors vectors (kSlots elements per lane each) are issued
 // before any store. The per-vector index math (which head, which ring slot) is done once per
 // vector, not per element. load(v, e) reads element e of vector v; store(v, e, x) writes it.
 template <int kVectors, int kSlots, class Load, class Store>
@@ -340,10 +348,10 @@ __device__ __forceinline__ void copy_vectors_impl(int count, int len, Load& load
 }
 template <class Load, class Store>
 __device__ __forceinline__ void copy_vectors(int count, int len, Load&& load, Store&& store) {
-  if (len <= 32) copy_vectors_impl<16, 1>(count, len, load, store);
-  else if (len <= 64) copy_vectors_impl<8, 2>(count, len, load, store);
-  else if (len <= 128) copy_vectors_impl<4, 4>(count, len, load, store);
-  else copy_vectors_impl<2, 8>(count, len, load, store);
+  // 8 loads in flight per lane: 16 spilled to local memory under the flush kernel's register bound.
+  if (len <= 32) copy_vectors_impl<8, 1>(count, len, load, store);
+  else if (len <= 128) copy_vectors_impl<2, 4>(count, len, load, store);
+  else copy_vectors_impl<1, 8>(count, len, load, store);
 }
 
 // Dot products of window keys with the current query (c1) and key (c2, GDN), one key per warp
@@ -373,8 +381,8 @@ __device__ __forceinline__ void key_products(int count, KeyAt&& key, const float
       float part[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int q = 0; q < P; ++q) {
-        part[0] += dot_e<4>(kp[j][q], qv[q]);
-        if (kWithKey) part[1] += dot_e<4>(kp[j][q], kv[q]);
+        part[0] = dot_acc<4>(kp[j][q], qv[q], part[0]);
+        if (kWithKey) part[1] = dot_acc<4>(kp[j][q], kv[q], part[1]);
       }
       const float sum = row_sum_scatter<LPR, 2>(part);
       if (p < count && lane % (LPR / 2) == 0) (scatter_index<LPR, 2>(lane) == 0 ? c1 : c2)[p] = sum;
@@ -490,6 +498,25 @@ __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const 
                                                      float* vals, int h0, int staged, bool raw_v, const float* weights) {
   const int dv = bg.dv, L = A.window;
   const SmallDiv per_head(staged);
+  if (dv % 2 == 0) {  // element pairs: one 4-byte (bf16) or 8-byte (fp32) load per pair
+    copy_vectors(
+        bg.NH * staged, dv / 2,
+        [&](int vec, int pair) {
+          const int n = per_head(vec), p = vec - n * staged, r = 2 * pair;
+          const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
+          const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n) * dv + r;
+          if (K == SsmKind::mamba2 || raw_v)
+            return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p == h0 ? A.in.v + hb * dv + r : A.rec.v + rec));
+          return *reinterpret_cast<const float2*>(A.rec.u + rec);
+        },
+        [&](int vec, int pair, float2 x) {
+          const int n = per_head(vec), p = vec - n * staged;
+          const float w = weights ? weights[n * L + p] : 1.0f;
+          *reinterpret_cast<float2*>(vals + (static_cast<std::size_t>(n) * L + p) * dv + 2 * pair) =
+              weights ? make_float2(x.x * w, x.y * w) : x;
+        });
+    return;
+  }
   copy_vectors(
       bg.NH * staged, dv,
       [&](int vec, int r) {
@@ -612,7 +639,7 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
         for (int j = 0; j < G; ++j) {
           sk[j] = 0.0f;
 #pragma unroll
-          for (int p = 0; p < P; ++p) sk[j] += dot_e<E>(x[j][p], k[p]);
+          for (int p = 0; p < P; ++p) sk[j] = dot_acc<E>(x[j][p], k[p], sk[j]);
         }
         row_sums_all<LPR, G>(sk);
         const float ar = sh.a[n * L + r], br = sh.beta[n * L + r];
@@ -632,7 +659,7 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
       for (int j = 0; j < G; ++j) {
         sk[j] = 0.0f;
 #pragma unroll
-        for (int p = 0; p < P; ++p) sk[j] += dot_e<E>(x[j][p], kv[p]);
+        for (int p = 0; p < P; ++p) sk[j] = dot_acc<E>(x[j][p], kv[p], sk[j]);
       }
       row_sums_all<LPR, G>(sk);
 #pragma unroll
@@ -652,7 +679,7 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
     for (int j = 0; j < G; ++j) {
       o[j] = 0.0f;
 #pragma unroll
-      for (int p = 0; p < P; ++p) o[j] += dot_e<E>(x[j][p], qv[p]);
+      for (int p = 0; p < P; ++p) o[j] = dot_acc<E>(x[j][p], qv[p], o[j]);
     }
     {
       const float sum = row_sum_scatter<LPR, G>(o);
@@ -733,6 +760,25 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
   }
 }
 
+// Loads (not yet decoded) of row iterations [it0, it0 + kBatch) of the non-flush checkpoint stream.
+// A plain function, not a lambda: a closure holding these arrays put them in local memory.
+template <StorageFormat R, int DK, int kBatch, int P>
+__device__ __forceinline__ void load_checkpoint_batch(const HeadView rv, const float* tensor_scales, std::size_t hb0,
+                                                      int dv, int rows_total, int iterations, int it0,
+                                                      RawPiece (&raw)[kBatch][P], float (&tscale)[kBatch]) {
+  using T = Tile<R, DK>;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    const int row = ((it0 + j) * kWarps + warp) * T::RW + T::row_in_iteration(lane);
+    const bool valid = it0 + j < iterations && row < rows_total;
+    tscale[j] = 1.0f;
+    if (valid && R == StorageFormat::nvfp4) tscale[j] = tensor_scales[hb0 + row / dv];
+#pragma unroll
+    for (int p = 0; p < P; ++p) raw[j][p] = valid ? load_raw_piece<R, DK>(rv, row, T::col(lane, p)) : RawPiece{};
+  }
+}
+
 // Non-flush step of NH heads: output-only from the read checkpoint (LP when split, else HP).
 //   Mamba-2: o = gamma (S q) + sum_{p<=h0} w_p (k_p . q) v_p
 //   GDN:     S_{t-1}k, S_{t-1}q from (S k, S q) and the cached u; u_t = b (v - a S_{t-1}k);
@@ -753,26 +799,18 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
   const __nv_bfloat16* q_t = A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
   const int staged = K == SsmKind::mamba2 ? h0 + 1 : h0;
-  const DeviceState& read_state = A.split ? A.lp : A.hp;
+  // By value: a reference chosen at run time between two kernel-parameter members would have to
+  // live in local memory (measured: local loads in the stream loop).
+  const DeviceState read_state = A.split ? A.lp : A.hp;
   const std::size_t hb0 = static_cast<std::size_t>(bg.b) * bg.H + bg.head0;
   const HeadView rv = head_view(read_state, hb0, dv, DK);  // NH adjacent heads: one tall matrix
+  const float* const tensor_scales = read_state.tensor_scales;
   const int rows_total = NH * dv;
   const int iterations = (rows_total + kWarps * RW - 1) / (kWarps * RW);
   auto row_of = [&](int it) { return (it * kWarps + warp) * RW + T::row_in_iteration(lane); };
   RawPiece raw[kBatch][P];
   float tscale[kBatch];
-  auto load_batch = [&](int it0) {
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int row = row_of(it0 + j);
-      const bool valid = it0 + j < iterations && row < rows_total;
-      tscale[j] = 1.0f;
-      if (valid && R == StorageFormat::nvfp4) tscale[j] = read_state.tensor_scales[hb0 + row / dv];
-#pragma unroll
-      for (int p = 0; p < P; ++p) raw[j][p] = valid ? load_raw_piece<R, DK>(rv, row, T::col(lane, p)) : RawPiece{};
-    }
-  };
-  load_batch(0);
+  load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, dv, rows_total, iterations, 0, raw, tscale);
 
   // Record phase: record vectors, decay weights, key products (c1_p = k_p . q_t; GDN c2_p = k_p . k_t).
   stage_record_vectors<K>(A, bg, win, sh.vals, h0, staged, false, nullptr);
@@ -808,7 +846,8 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
 #pragma unroll
       for (int p = 0; p < P; ++p) cur[j][p] = raw[j][p];
     }
-    if (it0 + kBatch < iterations) load_batch(it0 + kBatch);
+    if (it0 + kBatch < iterations)
+      load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, dv, rows_total, iterations, it0 + kBatch, raw, tscale);
     constexpr int N = kBatch * NV;  // partial sums per lane, [j][v]
     float acc[N];
 #pragma unroll
@@ -1087,8 +1126,8 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
           if constexpr (K == SsmKind::gdn) part[TD + s] = 0.0f;
 #pragma unroll
           for (int q = 0; q < P; ++q) {
-            part[s] += dot_e<E>(kp[j][q], qv[s][q]);
-            if constexpr (K == SsmKind::gdn) part[TD + s] += dot_e<E>(kp[j][q], kv[s][q]);
+            part[s] = dot_acc<E>(kp[j][q], qv[s][q], part[s]);
+            if constexpr (K == SsmKind::gdn) part[TD + s] = dot_acc<E>(kp[j][q], kv[s][q], part[TD + s]);
           }
         }
         if constexpr (N <= LPR) {
@@ -1154,8 +1193,8 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
         if constexpr (K == SsmKind::gdn) part[TD + s] = 0.0f;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-          part[s] += dot_e<E>(x[p], qv[s][p]);
-          if constexpr (K == SsmKind::gdn) part[TD + s] += dot_e<E>(x[p], kv[s][p]);
+          part[s] = dot_acc<E>(x[p], qv[s][p], part[s]);
+          if constexpr (K == SsmKind::gdn) part[TD + s] = dot_acc<E>(x[p], kv[s][p], part[TD + s]);
         }
       }
       if constexpr (N <= LPR) {
@@ -1286,7 +1325,7 @@ __global__ void __launch_bounds__(kThreads) snapshot_verify_kernel(DecodeShape s
       if constexpr (K == SsmKind::gdn) {
         float sk = 0.0f;
 #pragma unroll
-        for (int p = 0; p < P; ++p) sk += dot_e<E>(x[p], kv[s][p]);
+        for (int p = 0; p < P; ++p) sk = dot_acc<E>(x[p], kv[s][p], sk);
         sk = row_sum<LPR>(sk);
         coef = in.beta[ih] * (vr - a * sk);
       }
@@ -1295,7 +1334,7 @@ __global__ void __launch_bounds__(kThreads) snapshot_verify_kernel(DecodeShape s
       for (int p = 0; p < P; ++p) {
 #pragma unroll
         for (int e = 0; e < E; ++e) x[p][e] = fmaf(a, x[p][e], coef * kv[s][p][e]);
-        o += dot_e<E>(x[p], qv[s][p]);
+        o = dot_acc<E>(x[p], qv[s][p], o);
       }
       o = row_sum<LPR>(o);
       if (valid) {
