@@ -354,14 +354,17 @@ __device__ __forceinline__ void copy_vectors(int count, int len, Load&& load, St
   else copy_vectors_impl<1, 8>(count, len, load, store);
 }
 
-// Dot products of window keys with the current query (c1) and key (c2, GDN), one key per warp
-// (row geometry of Tile<fp32, DK>: RW keys per warp iteration); each lane's key slices for up to
-// kKeyBatch iterations are loaded before any is used. key(p) gives key p's bf16 vector.
-template <int DK, bool kWithKey, class KeyAt>
-__device__ __forceinline__ void key_products(int count, KeyAt&& key, const float (*qv)[4], const float (*kv)[4], float* c1,
-                                             float* c2) {
-  using T = Tile<StorageFormat::fp32, DK>;
-  constexpr int P = T::P, LPR = T::LPR, RW = T::RW, kKeyBatch = 4;
+// Dot products of window keys with T query vectors and, for GDN (NV = 2), T key vectors: sum
+// i = v * T + s of key p is key_p . (v == 0 ? q_s : k_s), handed to store(p, i, sum). One key per warp
+// row group (row geometry of Tile<fp32, DK>), the loads of kKeyBatch groups issued before any use;
+// all N = NV * T sums of a key are reduced together (reduce-scatter). key(p) gives key p's bf16
+// vector; qv / kv hold the lane's column slices.
+template <int DK, int T, int NV, class KeyAt, class Store>
+__device__ __forceinline__ void key_products(int count, KeyAt&& key, const float (*qv)[Tile<StorageFormat::fp32, DK>::P][4],
+                                             const float (*kv)[Tile<StorageFormat::fp32, DK>::P][4], Store&& store) {
+  using G = Tile<StorageFormat::fp32, DK>;
+  constexpr int P = G::P, LPR = G::LPR, RW = G::RW, N = NV * T;
+  constexpr int kKeyBatch = T >= 8 ? 2 : 4;  // register budget: T query (and key) slices stay live
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int iterations = (count + kWarps * RW - 1) / (kWarps * RW);
   for (int it0 = 0; it0 < iterations; it0 += kKeyBatch) {
@@ -371,21 +374,34 @@ __device__ __forceinline__ void key_products(int count, KeyAt&& key, const float
       const int p = ((it0 + j) * kWarps + warp) * RW + lane / LPR;
 #pragma unroll
       for (int q = 0; q < P; ++q) {
-        if (p < count) load_bf16x4(key(p) + T::col(lane, q), kp[j][q]);
+        if (p < count) load_bf16x4(key(p) + G::col(lane, q), kp[j][q]);
         else kp[j][q][0] = kp[j][q][1] = kp[j][q][2] = kp[j][q][3] = 0.0f;
       }
     }
 #pragma unroll
     for (int j = 0; j < kKeyBatch; ++j) {
       const int p = ((it0 + j) * kWarps + warp) * RW + lane / LPR;
-      float part[2] = {0.0f, 0.0f};
+      float part[N];
 #pragma unroll
-      for (int q = 0; q < P; ++q) {
-        part[0] = dot_acc<4>(kp[j][q], qv[q], part[0]);
-        if (kWithKey) part[1] = dot_acc<4>(kp[j][q], kv[q], part[1]);
+      for (int s = 0; s < T; ++s) {
+        part[s] = 0.0f;
+        if constexpr (NV == 2) part[T + s] = 0.0f;
+#pragma unroll
+        for (int q = 0; q < P; ++q) {
+          part[s] = dot_acc<4>(kp[j][q], qv[s][q], part[s]);
+          if constexpr (NV == 2) part[T + s] = dot_acc<4>(kp[j][q], kv[s][q], part[T + s]);
+        }
       }
-      const float sum = row_sum_scatter<LPR, 2>(part);
-      if (p < count && lane % (LPR / 2) == 0) (scatter_index<LPR, 2>(lane) == 0 ? c1 : c2)[p] = sum;
+      if constexpr (N <= LPR) {
+        const float sum = row_sum_scatter<LPR, N>(part);
+        if (p < count && lane % (LPR / N) == 0) store(p, scatter_index<LPR, N>(lane), sum);
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const float sum = row_sum<LPR>(part[i]);
+          if (p < count && lane % LPR == 0) store(p, i, sum);
+        }
+      }
     }
   }
 }
@@ -820,10 +836,10 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
     float qf[KT::P][4], kf[KT::P][4];
     load_lane_vector<4, KT::P, KT::LPR>(q_t, lane, qf);
     load_lane_vector<4, KT::P, KT::LPR>(k_t, lane, kf);
-    key_products<DK, K == SsmKind::gdn>(
+    key_products<DK, 1, K == SsmKind::gdn ? 2 : 1>(
         staged,
-        [&](int p) { return p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK; }, qf, kf,
-        sh.c1, sh.c2);
+        [&](int p) { return p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK; }, &qf, &kf,
+        [&](int p, int i, float sum) { (i == 0 ? sh.c1 : sh.c2)[p] = sum; });
   }
 
   // Stream the NH heads' read checkpoints: rows1 = S q (rows2 = S k).
@@ -1100,51 +1116,11 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
       if constexpr (K == SsmKind::gdn) load_bf16x4(draft_k(s) + T::col(lane, p), kv[s][p]);
     }
   // Key products, once for the NH heads: s_kq[p][s] = k_p . q_s (p <= h + s), s_kk[p][s] = k_p . k_s
-  // (p < h + s); one key per warp row group, all drafts at once.
-  {
-    constexpr int NV = K == SsmKind::gdn ? 2 : 1, N = TD * NV;
-    constexpr int kKeyBatch = 2;
-    const int iterations = (n + kWarps * RW - 1) / (kWarps * RW);
-    for (int it0 = 0; it0 < iterations; it0 += kKeyBatch) {
-      float kp[kKeyBatch][P][E];
-#pragma unroll
-      for (int j = 0; j < kKeyBatch; ++j) {
-        const int p = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
-#pragma unroll
-        for (int q = 0; q < P; ++q) {
-          if (p < n) load_bf16x4(key_at(p) + T::col(lane, q), kp[j][q]);
-          else kp[j][q][0] = kp[j][q][1] = kp[j][q][2] = kp[j][q][3] = 0.0f;
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kKeyBatch; ++j) {
-        const int p = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
-        float part[N];
-#pragma unroll
-        for (int s = 0; s < TD; ++s) {
-          part[s] = 0.0f;
-          if constexpr (K == SsmKind::gdn) part[TD + s] = 0.0f;
-#pragma unroll
-          for (int q = 0; q < P; ++q) {
-            part[s] = dot_acc<E>(kp[j][q], qv[s][q], part[s]);
-            if constexpr (K == SsmKind::gdn) part[TD + s] = dot_acc<E>(kp[j][q], kv[s][q], part[TD + s]);
-          }
-        }
-        if constexpr (N <= LPR) {
-          const float sum = row_sum_scatter<LPR, N>(part);
-          const int i = scatter_index<LPR, N>(lane), v = i / TD, s = i % TD;
-          if (p < n && lane % (LPR / N) == 0 && (v == 0 ? p <= h + s : p < h + s)) (v == 0 ? s_kq : s_kk)[p * TD + s] = sum;
-        } else {
-#pragma unroll
-          for (int i = 0; i < N; ++i) {
-            const float sum = row_sum<LPR>(part[i]);
-            const int v = i / TD, s = i % TD;
-            if (p < n && lane % LPR == 0 && (v == 0 ? p <= h + s : p < h + s)) (v == 0 ? s_kq : s_kk)[p * TD + s] = sum;
-          }
-        }
-      }
-    }
-  }
+  // (p < h + s), all drafts at once.
+  key_products<DK, TD, K == SsmKind::gdn ? 2 : 1>(n, key_at, qv, kv, [&](int p, int i, float sum) {
+    const int v = i / TD, s = i % TD;
+    if (v == 0 ? p <= h + s : p < h + s) (v == 0 ? s_kq : s_kk)[p * TD + s] = sum;
+  });
   __syncthreads();
   for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) {  // w[p][s] = prod_{l=p+1}^{h+s} a_l, d_s
     const int nn = idx / TD, s = idx % TD;
