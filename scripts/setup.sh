@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake pkg-config git
-  libeigen3-dev libboost-dev libhdf5-dev libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev)
+  libeigen3-dev libboost-dev libhdf5-dev libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev libtomlplusplus-dev)
 PIP_PACKAGES=(numpy h5py matplotlib ml_dtypes jupyter nbconvert nbformat ipykernel pytest)
 
 missing=()

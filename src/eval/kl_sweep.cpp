@@ -28,110 +28,6 @@ namespace fs = std::filesystem;
 using ssm::DecodeScheme;
 using ssm::PrecisionPolicy;
 
-// ---- configurations ----------------------------------------------------------------------------
-
-std::vector<std::string> default_policy_specs() {
-  return {"shared:fp16+sr",        "shared:fp8b128+sr",        "shared:nvfp4+sr",
-          "shared:fp16+rtn",       "shared:fp8b128+rtn",       "shared:nvfp4+rtn",
-          "split:nvfp4+rtn/fp32",  "split:nvfp4+rtn/fp16+sr",  "split:nvfp4+rtn/fp8b128+sr"};
-}
-
-namespace {
-
-std::string trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return std::string(s);
-}
-
-bool takes_window(std::string_view spec) {
-  const std::size_t colon = spec.find(':');
-  const std::string scheme = trim(spec.substr(0, colon));
-  return scheme == "shared" || scheme == "split";
-}
-
-}  // namespace
-
-std::vector<std::string> split_policy_list(std::string_view text) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    const std::string piece = trim(text.substr(start, comma == std::string_view::npos ? std::string_view::npos
-                                                                                       : comma - start));
-    if (!piece.empty()) {
-      if (piece.rfind("seed=", 0) == 0 && !out.empty())
-        out.back() += "," + piece;
-      else
-        out.push_back(piece);
-    }
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-bool uses_stochastic_rounding(const PrecisionPolicy& p) {
-  const auto sr = [](const ssm::StateFormat& f) {
-    return f.format != formats::StorageFormat::fp32 && f.rounding == formats::Rounding::sr;
-  };
-  return sr(p.recur) || (p.scheme == DecodeScheme::split && sr(p.read));
-}
-
-std::vector<PrecisionPolicy> expand_policies(const std::vector<std::string>& specs, const std::vector<int>& windows_in,
-                                             const std::vector<uint64_t>& seeds_in) {
-  const std::vector<int> windows = windows_in.empty() ? std::vector<int>{kDefaultWindow} : windows_in;
-  const std::vector<uint64_t> seeds = seeds_in.empty() ? std::vector<uint64_t>{0} : seeds_in;
-  std::vector<PrecisionPolicy> out;
-  const auto add = [&out](const PrecisionPolicy& p) {
-    for (const auto& q : out)
-      if (q == p) return;
-    out.push_back(p);
-  };
-  for (const std::string& raw : specs) {
-    const std::string spec = trim(raw);
-    const std::size_t comma = spec.find(',');
-    const std::string main = spec.substr(0, comma);
-    const std::string options = comma == std::string::npos ? "" : spec.substr(comma);
-    const bool has_seed = options.find("seed=") != std::string::npos;
-    std::vector<std::string> texts;
-    if (main.find('@') == std::string::npos && takes_window(main)) {
-      for (int L : windows) texts.push_back(fmt::format("{}@{}{}", main, L, options));
-    } else {
-      texts.push_back(spec);
-    }
-    for (const std::string& t : texts) {
-      PrecisionPolicy p = PrecisionPolicy::parse(t);
-      if (has_seed || !uses_stochastic_rounding(p)) {
-        add(p);
-        continue;
-      }
-      for (uint64_t s : seeds) {
-        p.seed = s;
-        add(p);
-      }
-    }
-  }
-  return out;
-}
-
-nlohmann::json policy_json(const PrecisionPolicy& p) {
-  const auto fmt_json = [](const ssm::StateFormat& f) {
-    return nlohmann::json{{"format", std::string(formats::to_string(f.format))},
-                          {"rounding", f.format == formats::StorageFormat::fp32 ? std::string("none")
-                                                                                : std::string(formats::to_string(f.rounding))}};
-  };
-  nlohmann::json j;
-  j["policy"] = p.to_string();
-  j["scheme"] = p.scheme == DecodeScheme::conventional ? "conv" : p.scheme == DecodeScheme::shared ? "shared" : "split";
-  j["recur"] = fmt_json(p.recur);
-  if (p.scheme == DecodeScheme::split) j["read"] = fmt_json(p.read);
-  j["window"] = p.window;
-  j["seed"] = p.seed;
-  j["stochastic_rounding"] = uses_stochastic_rounding(p);
-  return j;
-}
-
 // ---- identity ----------------------------------------------------------------------------------
 
 nlohmann::json sweep_identity(const TeacherForcedModel& model, const std::vector<SweepBook>& books,
@@ -232,82 +128,6 @@ std::string utc_now() {
   return buf;
 }
 
-// flock()ed lock file, removed on release.
-class OutputLock {
- public:
-  explicit OutputLock(std::string path) : path_(std::move(path)) {
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      fd_ = ::open(path_.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
-      if (fd_ < 0) throw std::runtime_error(fmt::format("cannot create lock file {}: {}", path_, std::strerror(errno)));
-      if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-        std::string holder;
-        std::ifstream(path_) >> holder;
-        ::close(fd_);
-        fd_ = -1;
-        throw std::runtime_error(fmt::format(
-            "another kl-sweep{} is writing the same output (lock {} is held): wait for it to finish, or choose "
-            "another --out",
-            holder.empty() ? "" : " (pid " + holder + ")", path_));
-      }
-      // The previous holder may have removed the file between our open and flock: retry then.
-      struct stat a {}, b {};
-      if (::fstat(fd_, &a) == 0 && ::stat(path_.c_str(), &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
-        const std::string pid = std::to_string(static_cast<long>(::getpid())) + "\n";
-        if (::ftruncate(fd_, 0) == 0 && ::write(fd_, pid.data(), pid.size()) < 0) {
-          // the pid is only informative
-        }
-        return;
-      }
-      ::close(fd_);
-      fd_ = -1;
-    }
-    throw std::runtime_error(fmt::format("could not acquire lock file {}", path_));
-  }
-  ~OutputLock() {
-    if (fd_ >= 0) {
-      ::unlink(path_.c_str());
-      ::close(fd_);
-    }
-  }
-  OutputLock(const OutputLock&) = delete;
-  OutputLock& operator=(const OutputLock&) = delete;
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
-// Removes DIR/.PREFIX*.tmp-* files (temporaries of killed runs; only the lock holder writes them).
-void remove_stale_temps(const fs::path& dir, const std::string& prefix, std::ostream& log) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind("." + prefix, 0) == 0 && n.find(".tmp-") != std::string::npos) {
-      fs::remove(e.path(), ec);
-      log << fmt::format("kl-sweep: removed {} (left by an interrupted run)\n", e.path().string());
-    }
-  }
-}
-
-void write_text_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = io::temp_path_for(path);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw std::runtime_error(fmt::format("cannot write {}", tmp));
-  }
-  io::commit_file(tmp, path);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("cannot read {}", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return std::move(ss).str();
-}
-
 std::string cell_file(std::size_t config, std::size_t book) { return fmt::format("c{:04}-b{:05}.h5", config, book); }
 
 void check_inputs(const TeacherForcedModel& model, const std::vector<SweepBook>& books, const SweepOptions& o) {
@@ -361,8 +181,8 @@ SweepOutcome run_kl_sweep(TeacherForcedModel& model, const std::vector<SweepBook
   fs::create_directories(dir);
   if (fs::exists(out) && fs::is_directory(out))
     throw std::runtime_error(fmt::format("--out {} is a directory", o.out_path));
-  OutputLock lock((dir / ("." + name + ".lock")).string());
-  remove_stale_temps(dir, name, log);
+  io::FileLock lock((dir / ("." + name + ".lock")).string(), "kl-sweep");
+  io::remove_stale_temps(dir.string(), name, log, "kl-sweep");
   const fs::path work = dir / ("." + name + ".parts");
 
   SweepOutcome outcome;
@@ -409,7 +229,7 @@ SweepOutcome run_kl_sweep(TeacherForcedModel& model, const std::vector<SweepBook
     nlohmann::json old_id;
     std::string unreadable;
     try {
-      old_id = nlohmann::json::parse(read_text((work / "sweep.json").string()));
+      old_id = nlohmann::json::parse(io::read_file((work / "sweep.json").string()));
     } catch (const std::exception& e) {
       unreadable = e.what();
     }
@@ -432,8 +252,8 @@ SweepOutcome run_kl_sweep(TeacherForcedModel& model, const std::vector<SweepBook
     }
   }
   fs::create_directories(work);
-  if (!fs::exists(work / "sweep.json")) write_text_atomically((work / "sweep.json").string(), identity.dump(2) + "\n");
-  remove_stale_temps(work, "", log);
+  if (!fs::exists(work / "sweep.json")) io::write_file_atomically((work / "sweep.json").string(), identity.dump(2) + "\n");
+  io::remove_stale_temps(work.string(), "", log, "kl-sweep");
 
   // Finished cells.
   std::vector<std::vector<uint8_t>> done(C, std::vector<uint8_t>(B, 0));

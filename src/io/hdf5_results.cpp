@@ -364,32 +364,6 @@ std::vector<float> read_row(hid_t loc, const std::string& name, hsize_t row) {
 
 }  // namespace h5
 
-// ---- atomic files ----------------------------------------------------------------------------
-
-std::string temp_path_for(const std::string& path) {
-  const fs::path p(path);
-  return (p.parent_path() / fmt::format(".{}.tmp-{}", p.filename().string(), static_cast<long>(::getpid()))).string();
-}
-
-namespace {
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.empty() ? "." : path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open to sync: {}", path, std::strerror(errno)));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0 && !directory)
-    throw std::runtime_error(fmt::format("{}: fsync failed: {}", path, std::strerror(err)));
-}
-}  // namespace
-
-void commit_file(const std::string& tmp, const std::string& path) {
-  fsync_path(tmp, false);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(errno)));
-  fsync_path(fs::path(path).parent_path().string(), true);
-}
-
 // ---- result files ----------------------------------------------------------------------------
 
 std::string config_group_name(const std::string& policy) {

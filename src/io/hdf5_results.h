@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "eval/kl_metrics.h"
+#include "io/atomic_file.h"
 
 namespace replayssm::io {
 
@@ -111,12 +112,6 @@ class RowWriter {
 std::vector<float> read_row(hid_t loc, const std::string& name, hsize_t row);
 
 }  // namespace h5
-
-// ---- atomic files ----------------------------------------------------------------------------
-// DIR/.NAME.tmp-PID for DIR/NAME.
-std::string temp_path_for(const std::string& path);
-// fsync(tmp), rename(tmp, path), fsync(DIR): the file at `path` is the old one or the new one.
-void commit_file(const std::string& tmp, const std::string& path);
 
 // ---- result files ----------------------------------------------------------------------------
 inline constexpr const char* kResultsSchema = "replayssm-kl-sweep";

@@ -5,4 +5,24 @@
 namespace replayssm {
 std::string git_commit() { return REPLAYSSM_GIT_COMMIT; }
 std::string version_string() { return std::string(REPLAYSSM_VERSION) + " (git " + REPLAYSSM_GIT_COMMIT + ")"; }
+std::string build_host_isa() {
+  std::string isa = REPLAYSSM_HOST_ISA;
+  // Vector extensions the compiler was allowed to use, so "native" says what it meant here.
+  std::string ext;
+#if defined(__AVX512F__)
+  ext = "avx512f";
+#elif defined(__AVX2__)
+  ext = "avx2";
+#elif defined(__AVX__)
+  ext = "avx";
+#elif defined(__SSE4_2__)
+  ext = "sse4.2";
+#elif defined(__SSE2__)
+  ext = "sse2";
+#endif
+#if defined(__FMA__)
+  ext += "+fma";
+#endif
+  return ext.empty() ? isa : isa + " (" + ext + ")";
+}
 }  // namespace replayssm
