@@ -4,7 +4,7 @@ execute_process(COMMAND git -C ${SOURCE_DIR} describe --always --dirty --abbrev=
 if(NOT rc EQUAL 0 OR GIT_DESCRIBE STREQUAL "")
   set(GIT_DESCRIBE "unknown")
 endif()
-set(content "#pragma once\n#define REPLAYSSM_GIT_COMMIT \"${GIT_DESCRIBE}\"\n#define REPLAYSSM_VERSION \"${PROJECT_VERSION}\"\n#define REPLAYSSM_HOST_ISA \"${HOST_ISA}\"\n")
+set(content "#pragma once\n#define REPLAYSSM_GIT_COMMIT \"${GIT_DESCRIBE}\"\n#define REPLAYSSM_VERSION \"${PROJECT_VERSION}\"\n")
 if(EXISTS ${OUTPUT})
   file(READ ${OUTPUT} old)
 else()

@@ -121,33 +121,33 @@ double measure_copy_gbps(int repeats) {
 // Everything one (shape, B) configuration needs on the device.
 struct Workspace {
   DecodeShape s;
-  SsmKind kind;
+  ssm::Recurrence kind;
   int copies;  // rotating state copies (small batches)
   std::size_t state_elems;
   std::unique_ptr<Buffer<float>> state;        // copies x fp32 states
-  std::unique_ptr<Buffer<uint8_t>> lp_payload;  // LP copy (largest format: fp16)
-  std::unique_ptr<Buffer<uint8_t>> lp_codes;
-  std::unique_ptr<Buffer<float>> lp_scales, lp_tensor;
+  std::unique_ptr<Buffer<uint8_t>> lowp_payload;  // low-precision states (largest format: fp16)
+  std::unique_ptr<Buffer<uint8_t>> lowp_codes;
+  std::unique_ptr<Buffer<float>> lowp_scales, lowp_tensor;
   std::unique_ptr<Buffer<__nv_bfloat16>> q, k, v, rec_k, rec_v;
   std::unique_ptr<Buffer<float>> alpha, beta, out, rec_u, rec_a, rec_b;
   std::unique_ptr<Buffer<WindowState>> win0, win1;
   std::unique_ptr<Buffer<int>> accepted;
   int capacity;
 
-  Workspace(SsmKind kd, const DecodeShape& shape, int max_window, int max_drafts) : s(shape), kind(kd) {
+  Workspace(ssm::Recurrence kd, const DecodeShape& shape, int max_window, int max_drafts) : s(shape), kind(kd) {
     state_elems = s.heads() * s.head_elements();
     const std::size_t state_bytes = state_elems * 4;
     copies = static_cast<int>(std::clamp<std::size_t>((std::size_t{512} << 20) / state_bytes, 1, 16));
     state = std::make_unique<Buffer<float>>(state_elems * copies);
     fill_uniform(state->ptr, state->n, -0.5f, 0.5f, 1);
-    lp_payload = std::make_unique<Buffer<uint8_t>>(state_elems * 2 * copies);
-    lp_codes = std::make_unique<Buffer<uint8_t>>(state_elems / 16 * copies);
-    lp_scales = std::make_unique<Buffer<float>>(state_elems / 128 * copies);
-    lp_tensor = std::make_unique<Buffer<float>>(s.heads() * copies);
-    REPLAYSSM_CUDA_CHECK(cudaMemset(lp_payload->ptr, 0x11, lp_payload->n));
-    REPLAYSSM_CUDA_CHECK(cudaMemset(lp_codes->ptr, 0x30, lp_codes->n));
-    fill_uniform(lp_scales->ptr, lp_scales->n, 1e-3f, 2e-3f, 2);
-    fill_uniform(lp_tensor->ptr, lp_tensor->n, 1e-3f, 2e-3f, 3);
+    lowp_payload = std::make_unique<Buffer<uint8_t>>(state_elems * 2 * copies);
+    lowp_codes = std::make_unique<Buffer<uint8_t>>(state_elems / 16 * copies);
+    lowp_scales = std::make_unique<Buffer<float>>(state_elems / 128 * copies);
+    lowp_tensor = std::make_unique<Buffer<float>>(s.heads() * copies);
+    REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_payload->ptr, 0x11, lowp_payload->n));
+    REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_codes->ptr, 0x30, lowp_codes->n));
+    fill_uniform(lowp_scales->ptr, lowp_scales->n, 1e-3f, 2e-3f, 2);
+    fill_uniform(lowp_tensor->ptr, lowp_tensor->n, 1e-3f, 2e-3f, 3);
     const std::size_t T = max_drafts;
     q = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * T * s.key_heads * s.dk);
     k = std::make_unique<Buffer<__nv_bfloat16>>(q->n);
@@ -182,13 +182,13 @@ struct Workspace {
     d.payload = reinterpret_cast<uint8_t*>(state->ptr + state_elems * copy);
     return d;
   }
-  DeviceState lp_state(StorageFormat f, int copy) const {
+  DeviceState lowp_state(StorageFormat f, int copy) const {
     DeviceState d;
     d.format = f;
-    d.payload = lp_payload->ptr + state_elems * 2 * copy;
-    d.scale_codes = f == StorageFormat::nvfp4 ? lp_codes->ptr + state_elems / 16 * copy : nullptr;
-    d.block_scales = f == StorageFormat::fp8b128 ? lp_scales->ptr + state_elems / 128 * copy : nullptr;
-    d.tensor_scales = f == StorageFormat::nvfp4 ? lp_tensor->ptr + s.heads() * copy : nullptr;
+    d.payload = lowp_payload->ptr + state_elems * 2 * copy;
+    d.scale_codes = f == StorageFormat::nvfp4 ? lowp_codes->ptr + state_elems / 16 * copy : nullptr;
+    d.block_scales = f == StorageFormat::fp8b128 ? lowp_scales->ptr + state_elems / 128 * copy : nullptr;
+    d.tensor_scales = f == StorageFormat::nvfp4 ? lowp_tensor->ptr + s.heads() * copy : nullptr;
     return d;
   }
   DeviceRecords records() const {
@@ -210,15 +210,15 @@ struct Workspace {
 // Bytes a step must move (each input read once, each output written once).
 struct ByteModel {
   const DecodeShape& s;
-  SsmKind kind;
+  ssm::Recurrence kind;
   double state() const { return 4.0 * s.heads() * s.head_elements(); }
-  double lp_state(StorageFormat f) const { return static_cast<double>(s.heads()) * formats::storage_bytes(f, s.dv, s.dk); }
+  double lowp_state(StorageFormat f) const { return static_cast<double>(s.heads()) * formats::storage_bytes(f, s.dv, s.dk); }
   double inputs(int T = 1) const {
     return T * s.batch * (2.0 * 2 * s.key_heads * s.dk + s.value_heads * (2.0 * s.dv + 4 + 4 + 4.0 * s.dv));
   }
   // One record per head: v (bf16), a, and for GDN u (fp32) and b; the key once per key head.
   double record() const {
-    return s.batch * (2.0 * s.key_heads * s.dk + s.value_heads * (2.0 * s.dv + 4 + (kind == SsmKind::gdn ? 4.0 * s.dv + 4 : 0)));
+    return s.batch * (2.0 * s.key_heads * s.dk + s.value_heads * (2.0 * s.dv + 4 + (kind == ssm::Recurrence::gdn ? 4.0 * s.dv + 4 : 0)));
   }
   double conventional() const { return 2 * state() + inputs(); }
   // Non-flush step at window position h0 (h0 records read, one written) reading a checkpoint of `read` bytes.
@@ -267,7 +267,7 @@ int run_decode_bench(const BenchOptions& o) {
   const int max_drafts = *std::max_element(o.drafts.begin(), o.drafts.end());
   for (const std::string& name : o.shapes) {
     const ssm::ModelShape& m = ssm::find_shape(name);
-    const SsmKind kind = m.kind == ssm::Recurrence::mamba2 ? SsmKind::mamba2 : SsmKind::gdn;
+    const ssm::Recurrence kind = m.kind == ssm::Recurrence::mamba2 ? ssm::Recurrence::mamba2 : ssm::Recurrence::gdn;
     for (int B : o.batches) {
       arena.reset();  // the previous configuration's buffers are gone: start again at the base
       const DecodeShape s{B, m.key_heads, m.value_heads, m.dk, m.dv};
@@ -279,13 +279,13 @@ int run_decode_bench(const BenchOptions& o) {
       const double conv_us = time_us(o.repeats, [&] { conventional_step(kind, s, ws.inputs(), ws.fp32_state(next_copy()), nullptr); });
       add(m, "conventional fp32", B, 1, conv_us, bm.conventional(), conv_us);
       for (StorageFormat f : {StorageFormat::fp16, StorageFormat::bf16}) {
-        DeviceState st = ws.lp_state(f, 0);
+        DeviceState st = ws.lowp_state(f, 0);
         const double us = time_us(o.repeats, [&] {
-          st = ws.lp_state(f, next_copy());
+          st = ws.lowp_state(f, next_copy());
           conventional_step(kind, s, ws.inputs(), st, nullptr);
         });
         add(m, fmt::format("conventional {}", formats::to_string(f)), B, 1, us,
-            2 * bm.lp_state(f) + bm.inputs(), conv_us);
+            2 * bm.lowp_state(f) + bm.inputs(), conv_us);
       }
       for (int L : o.windows) {
         ReplayConfig cfg;
@@ -295,8 +295,8 @@ int run_decode_bench(const BenchOptions& o) {
           DeviceRecords rec = ws.records();
           for (int t = 0; t < L; ++t) replay_step(kind, s, ws.inputs(), c, rec, nullptr);
         };
-        cfg.hp = ws.fp32_state(0);
-        const double staggered = time_us(std::max(3, o.repeats / 3), [&] { cfg.hp = ws.fp32_state(next_copy()); run_window(cfg); },
+        cfg.recur = ws.fp32_state(0);
+        const double staggered = time_us(std::max(3, o.repeats / 3), [&] { cfg.recur = ws.fp32_state(next_copy()); run_window(cfg); },
                                          [&] { ws.set_windows([&](int b) { return b % L; }); }) / L;
         add(m, "replay fp32 (staggered windows)", B, L, staggered, bm.window(L, bm.state()) / L, conv_us);
         // Aligned: one non-flush step (h0 = L/2) and one flush step, timed separately.
@@ -313,16 +313,16 @@ int run_decode_bench(const BenchOptions& o) {
         add(m, "replay fp32 amortised ((L-1)nf+f)/L", B, L, ((L - 1) * nf32 + fl) / L, bm.window(L, bm.state()) / L, conv_us);
         for (StorageFormat f : {StorageFormat::fp16, StorageFormat::fp8b128, StorageFormat::nvfp4}) {
           ReplayConfig split = cfg;
-          split.lp = ws.lp_state(f, 0);
+          split.read = ws.lowp_state(f, 0);
           const double us = time_us(o.repeats, [&] {
             const int c = next_copy();
-            split.hp = ws.fp32_state(c);
-            split.lp = ws.lp_state(f, c);
+            split.recur = ws.fp32_state(c);
+            split.read = ws.lowp_state(f, c);
             DeviceRecords rec = ws.records();
             replay_step(kind, s, ws.inputs(), split, rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return L / 2; }); });
           add(m, fmt::format("non-flush read {} (x over fp32 read)", formats::to_string(f)), B, L, us,
-              bm.nonflush(L / 2, bm.lp_state(f)), nf32);
+              bm.nonflush(L / 2, bm.lowp_state(f)), nf32);
         }
       }
       // Speculative verification at L = 16: output-only (no flush: h = 0; flush: h = 16 - T + 1)
@@ -331,10 +331,10 @@ int run_decode_bench(const BenchOptions& o) {
       for (int T : o.drafts) {
         ReplayConfig cfg;
         cfg.window = 16;
-        cfg.hp = ws.fp32_state(0);
+        cfg.recur = ws.fp32_state(0);
         auto verify_at = [&](int h0) {
           return time_us(o.repeats, [&] {
-            cfg.hp = ws.fp32_state(next_copy());
+            cfg.recur = ws.fp32_state(next_copy());
             DeviceRecords rec = ws.records();
             verify_step(kind, s, T, ws.inputs(), cfg, rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return h0; }); });

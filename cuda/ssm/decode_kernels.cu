@@ -121,7 +121,7 @@ __device__ __forceinline__ void load4(const HeadView& h, int row, int col, float
 // ================================ conventional decode =========================================
 // Read S, update (Mamba-2: S = a S + v k^T; GDN: u = b (v - a S k), S = a S + u k^T), o = S q,
 // write S. Rows are independent, so the whole step is row-local.
-template <SsmKind K, StorageFormat F, int DK>
+template <ssm::Recurrence K, StorageFormat F, int DK>
 __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shape, StepInputs in, DeviceState state) {
   using T = Tile<StorageFormat::fp32, DK>;  // 4 elements per piece whatever the storage width
   constexpr int E = T::E, P = T::P, LPR = T::LPR, RW = T::RW;
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shap
   load_lane_vector<E, P, LPR>(in.k + (static_cast<std::size_t>(geo.b) * geo.G + geo.g) * DK, lane, kv);
   load_lane_vector<E, P, LPR>(in.q + (static_cast<std::size_t>(geo.b) * geo.G + geo.g) * DK, lane, qv);
   const float a = in.alpha[geo.hb];
-  const float beta = K == SsmKind::gdn ? in.beta[geo.hb] : 0.0f;
+  const float beta = K == ssm::Recurrence::gdn ? in.beta[geo.hb] : 0.0f;
   const __nv_bfloat16* v = in.v + geo.hb * geo.dv;
   const HeadView hv = head_view(state, geo.hb, geo.dv, DK);
   // Row iterations in batches of kBatch; the next batch's loads are issued before the current one
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shap
       vr[j] = row < geo.dv ? __bfloat162float(v[row]) : 0.0f;
       coef[j] = vr[j];
     }
-    if constexpr (K == SsmKind::gdn) {
+    if constexpr (K == ssm::Recurrence::gdn) {
       float sk[kBatch];
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
@@ -207,14 +207,14 @@ __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shap
 // key head): the key products are computed once for them, the NH states stream as one contiguous
 // (NH*dv) x dk matrix (heads are adjacent in memory), and the record phase has one thread per
 // (head, row). Blocks of a sequence that reaches h == L flush instead (replay the window from the
-// HP checkpoint on chip, write HP and the LP copy).
+// recur (HP) checkpoint on chip, write the recur copy and the read (LP) copy).
 struct ReplayArgs {
   DecodeShape shape;
   StepInputs in;
   int window;
-  DeviceState hp, lp;
+  DeviceState recur, read;
   bool split;
-  formats::RoundingMode hp_mode;
+  formats::RoundingMode recur_mode;
   uint64_t seed;
   DeviceRecords rec;
   int heads_per_block;  // NH
@@ -410,7 +410,7 @@ __device__ __forceinline__ void key_products(int count, KeyAt&& key, const float
 // fp8b128 blocks are row chunks of 128 = 32 lanes x 4; nvfp4 blocks 16 = 4 lanes x 4 and need the
 // tensor scale computed beforehand (`tensor`).
 template <int DK, int P, int LPR>
-__device__ __forceinline__ void store_lp_row(const HeadView& h, StorageFormat f, int row, int lane, const float (*x)[4],
+__device__ __forceinline__ void store_read_row(const HeadView& h, StorageFormat f, int row, int lane, const float (*x)[4],
                                              bool valid, const formats::Nvfp4TensorScale& tensor) {
 #pragma unroll
   for (int p = 0; p < P; ++p) {
@@ -509,7 +509,7 @@ __device__ __forceinline__ void stage_decay_weights(const ReplayArgs& A, const B
 // Mamba-2 v (bf16; position h0 is the current token's v), GDN the cached fp32 u, or with `raw_v`
 // the GDN v (split flush recomputes u). With `weights` (sh.w, [NH][L]) each vector is stored
 // multiplied by its decay weight w_p.
-template <SsmKind K>
+template <ssm::Recurrence K>
 __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
                                                      float* vals, int h0, int staged, bool raw_v, const float* weights) {
   const int dv = bg.dv, L = A.window;
@@ -521,7 +521,7 @@ __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const 
           const int n = per_head(vec), p = vec - n * staged, r = 2 * pair;
           const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
           const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n) * dv + r;
-          if (K == SsmKind::mamba2 || raw_v)
+          if (K == ssm::Recurrence::mamba2 || raw_v)
             return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p == h0 ? A.in.v + hb * dv + r : A.rec.v + rec));
           return *reinterpret_cast<const float2*>(A.rec.u + rec);
         },
@@ -539,7 +539,7 @@ __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const 
         const int n = per_head(vec), p = vec - n * staged;
         const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
         const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n) * dv + r;
-        if (K == SsmKind::mamba2 || raw_v) return __bfloat162float(p == h0 ? A.in.v[hb * dv + r] : A.rec.v[rec]);
+        if (K == ssm::Recurrence::mamba2 || raw_v) return __bfloat162float(p == h0 ? A.in.v[hb * dv + r] : A.rec.v[rec]);
         return A.rec.u[rec];
       },
       [&](int vec, int r, float x) {
@@ -548,7 +548,7 @@ __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const 
       });
 }
 
-// ---- flush: S = REPLAY(S_ckpt^HP, B[1:L]) on chip, o = S q, write HP (RTN or SR) and the LP copy.
+// ---- flush: S = REPLAY(S_ckpt^recur, B[1:L]) on chip, o = S q, write the recur copy (RTN or SR) and the read (LP) copy.
 // Each warp owns kFlushRows consecutive row slots (x in registers) and the window is folded as a
 // small GEMM, S <- gamma S + V' K with V'[r][p] = w_p v_p[r] staged in shared memory: per record a
 // lane reads its key columns once (16 bytes) and the row coefficients as broadcasts.
@@ -562,8 +562,8 @@ struct FlushRows {
   __device__ static int row(int group, int warp, int j, int lane) { return ((group * kWarps + warp) * G + j) * RW + lane / LPR; }
 };
 
-template <StorageFormat HP, int DK>
-__device__ __forceinline__ void load_flush_rows(const HeadView& hp, int dv, int group, float (*x)[FlushRows<DK>::P][4]) {
+template <StorageFormat RecurF, int DK>
+__device__ __forceinline__ void load_flush_rows(const HeadView& recur_view, int dv, int group, float (*x)[FlushRows<DK>::P][4]) {
   using FR = FlushRows<DK>;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
@@ -571,7 +571,7 @@ __device__ __forceinline__ void load_flush_rows(const HeadView& hp, int dv, int 
     const int row = FR::row(group, warp, j, lane);
 #pragma unroll
     for (int p = 0; p < FR::P; ++p) {
-      if (row < dv) load4<HP, DK>(hp, row, FR::T::col(lane, p), x[j][p]);
+      if (row < dv) load4<RecurF, DK>(recur_view, row, FR::T::col(lane, p), x[j][p]);
       else x[j][p][0] = x[j][p][1] = x[j][p][2] = x[j][p][3] = 0.0f;
     }
   }
@@ -579,9 +579,9 @@ __device__ __forceinline__ void load_flush_rows(const HeadView& hp, int dv, int 
 
 // Flush of value head n of the block. Mamba-2 and shared GDN fold the staged records as a rank-
 // `staged` update (GDN: the cached u, then the current token as a conventional step); split GDN
-// recomputes every u on the HP path from the raw records (Algorithm 3 for GDN). `x` holds the
+// recomputes every u on the recur (HP) path from the raw records (Algorithm 3 for GDN). `x` holds the
 // head's first row group on entry (the caller issued those loads early).
-template <SsmKind K, StorageFormat HP, int DK>
+template <ssm::Recurrence K, StorageFormat RecurF, int DK>
 __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, int n, const WindowState& win,
                                   const ReplayShared& sh, int staged, const float (*kv)[4], const float (*qv)[4],
                                   float (*x)[FlushRows<DK>::P][4]) {
@@ -591,19 +591,19 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
   const int head = bg.head0 + n, vh = bg.vh0 + n;
   const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + head;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const HeadView hp = head_view(A.hp, hb, dv, DK);
-  const HeadView lp = A.split ? head_view(A.lp, hb, dv, DK) : HeadView{};
-  const bool recompute_u = K == SsmKind::gdn && A.split;
+  const HeadView recur_view = head_view(A.recur, hb, dv, DK);
+  const HeadView read_view = A.split ? head_view(A.read, hb, dv, DK) : HeadView{};
+  const bool recompute_u = K == ssm::Recurrence::gdn && A.split;
   const float* vals = sh.vals + static_cast<std::size_t>(n) * L * dv;  // [p][dv]
   const float a_t = A.in.alpha[hb];
-  const float beta_t = K == SsmKind::gdn ? A.in.beta[hb] : 0.0f;
+  const float beta_t = K == ssm::Recurrence::gdn ? A.in.beta[hb] : 0.0f;
   const float gamma = sh.gamma[n];
-  const uint64_t hp_stream = sr_stream_device(bg.b, bg.g, vh, 0, win.flushes);
-  const bool need_amax = A.split && A.lp.format == StorageFormat::nvfp4;
+  const uint64_t recur_stream = sr_stream_device(bg.b, bg.g, vh, 0, win.flushes);
+  const bool need_amax = A.split && A.read.format == StorageFormat::nvfp4;
   float local_amax = 0.0f;
   const int groups = (dv + FR::kRowsPerGroup - 1) / FR::kRowsPerGroup;
   for (int group = 0; group < groups; ++group) {
-    if (group > 0) load_flush_rows<HP, DK>(hp, dv, group, x);
+    if (group > 0) load_flush_rows<RecurF, DK>(recur_view, dv, group, x);
     int rows[G];
 #pragma unroll
     for (int j = 0; j < G; ++j) rows[j] = FR::row(group, warp, j, lane);
@@ -642,7 +642,7 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
             for (int e = 0; e < E; ++e) x[j][p][e] = fmaf(c[j], k[p][e], x[j][p][e]);
       }
     } else {
-      // GDN split: u_r^HP = b_r (v_r - a_r S_{r-1} k_r), sequentially from the HP checkpoint.
+      // GDN split: u_r^HP = b_r (v_r - a_r S_{r-1} k_r), sequentially from the recur (HP) checkpoint.
       for (int r = 0; r < staged; ++r) {
         float k[P][E];
 #pragma unroll
@@ -669,7 +669,7 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
         }
       }
     }
-    if constexpr (K == SsmKind::gdn) {  // the current token, as a conventional GDN step from S_{t-1}
+    if constexpr (K == ssm::Recurrence::gdn) {  // the current token, as a conventional GDN step from S_{t-1}
       float sk[G];
 #pragma unroll
       for (int j = 0; j < G; ++j) {
@@ -708,7 +708,7 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
       if (valid) {
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-          store_piece<HP, DK>(hp, rows[j], FR::T::col(lane, p), x[j][p], A.hp_mode, A.seed, hp_stream);
+          store_piece<RecurF, DK>(recur_view, rows[j], FR::T::col(lane, p), x[j][p], A.recur_mode, A.seed, recur_stream);
           if (need_amax)
 #pragma unroll
             for (int e = 0; e < E; ++e) {
@@ -717,16 +717,16 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
             }
         }
       }
-      if (A.split && !need_amax) store_lp_row<DK, P, LPR>(lp, A.lp.format, rows[j], lane, x[j], valid, {});
+      if (A.split && !need_amax) store_read_row<DK, P, LPR>(read_view, A.read.format, rows[j], lane, x[j], valid, {});
     }
   }
   if (need_amax) {
-    // NVFP4 LP copy: tensor scale from the block-wide amax, then re-read the HP rows this block
+    // NVFP4 LP copy: tensor scale from the block-wide amax, then re-read the recur rows this block
     // just wrote (fp32, L2-resident) and quantize them.
     using T = Tile<StorageFormat::fp32, DK>;
     const float amax = block_max(local_amax, sh.scratch);
     const formats::Nvfp4TensorScale ts = formats::nvfp4_tensor_scale(amax);
-    if (threadIdx.x == 0) *lp.tensor_scale_out = ts.decode;
+    if (threadIdx.x == 0) *read_view.tensor_scale_out = ts.decode;
     __syncthreads();
     const int iterations = (dv + kWarps * T::RW - 1) / (kWarps * T::RW);
     for (int it = 0; it < iterations; ++it) {
@@ -735,28 +735,28 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
       float y[P][E];
 #pragma unroll
       for (int p = 0; p < P; ++p) {
-        if (valid) load4<HP, DK>(hp, row, T::col(lane, p), y[p]);
+        if (valid) load4<RecurF, DK>(recur_view, row, T::col(lane, p), y[p]);
         else for (int e = 0; e < E; ++e) y[p][e] = 0.0f;
       }
-      store_lp_row<DK, P, LPR>(lp, StorageFormat::nvfp4, row, lane, y, valid, ts);
+      store_read_row<DK, P, LPR>(read_view, StorageFormat::nvfp4, row, lane, y, valid, ts);
     }
   }
 }
 
-template <SsmKind K, StorageFormat HP, int DK>
+template <ssm::Recurrence K, StorageFormat RecurF, int DK>
 __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win, const ReplayShared& sh) {
   using FR = FlushRows<DK>;
   const int L = A.window, h0 = L - 1, dv = bg.dv;
   const int lane = threadIdx.x % 32;
-  const bool recompute_u = K == SsmKind::gdn && A.split;
-  const int staged = K == SsmKind::mamba2 ? L : h0;  // Mamba-2 folds the current token too
+  const bool recompute_u = K == ssm::Recurrence::gdn && A.split;
+  const int staged = K == ssm::Recurrence::mamba2 ? L : h0;  // Mamba-2 folds the current token too
   const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
   float kv[FR::P][4], qv[FR::P][4];
   load_lane_vector<4, FR::P, FR::LPR>(k_t, lane, kv);
   load_lane_vector<4, FR::P, FR::LPR>(A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK, lane, qv);
   // The first head's first row group does not depend on the records: issue its loads first.
   float x[FR::G][FR::P][4];
-  load_flush_rows<HP, DK>(head_view(A.hp, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0, x);
+  load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0, x);
   // Stage the window once for the NH heads: keys, record vectors, decays and their weights.
   copy_unrolled<4>(
       staged * DK / 2,
@@ -766,13 +766,13 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
         return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kp + c));
       },
       [&](int i, float2 x) { reinterpret_cast<float2*>(sh.keys)[i] = x; });
-  stage_decay_weights(A, bg, win, sh, h0, staged, K == SsmKind::gdn);
+  stage_decay_weights(A, bg, win, sh, h0, staged, K == ssm::Recurrence::gdn);
   __syncthreads();  // weights ready: the record vectors are staged as V'[p][r] = w_p v_p[r]
   stage_record_vectors<K>(A, bg, win, sh.vals, h0, staged, recompute_u, recompute_u ? nullptr : sh.w);
   __syncthreads();
   for (int n = 0; n < bg.NH; ++n) {
-    if (n > 0) load_flush_rows<HP, DK>(head_view(A.hp, static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n, dv, DK), dv, 0, x);
-    replay_flush_head<K, HP, DK>(A, bg, n, win, sh, staged, kv, qv, x);
+    if (n > 0) load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n, dv, DK), dv, 0, x);
+    replay_flush_head<K, RecurF, DK>(A, bg, n, win, sh, staged, kv, qv, x);
   }
 }
 
@@ -795,29 +795,29 @@ __device__ __forceinline__ void load_checkpoint_batch(const HeadView rv, const f
   }
 }
 
-// Non-flush step of NH heads: output-only from the read checkpoint (LP when split, else HP).
+// Non-flush step of NH heads: output-only from the read checkpoint (LP when split, else the recur copy).
 //   Mamba-2: o = gamma (S q) + sum_{p<=h0} w_p (k_p . q) v_p
 //   GDN:     S_{t-1}k, S_{t-1}q from (S k, S q) and the cached u; u_t = b (v - a S_{t-1}k);
 //            o = a S_{t-1}q + u_t (k . q)
 // The checkpoint stream does not depend on the records, so its first batch of loads is issued
 // before the record phase and every later batch before the previous one is consumed: the DRAM
 // latency overlaps the record phase and the dot products (what a 2-7x smaller LP read needs).
-template <SsmKind K, StorageFormat R, int DK>
+template <ssm::Recurrence K, StorageFormat R, int DK>
 __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
                                       const ReplayShared& sh) {
   using T = Tile<R, DK>;
   constexpr int E = T::E, P = T::P, LPR = T::LPR, RW = T::RW;
-  constexpr int NV = K == SsmKind::gdn ? 2 : 1;
+  constexpr int NV = K == ssm::Recurrence::gdn ? 2 : 1;
   constexpr int kBatch = R == StorageFormat::nvfp4 ? 2 : 4;  // row iterations per batch of loads
   const int L = A.window, h0 = win.h;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int NH = bg.NH, dv = bg.dv;
   const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
   const __nv_bfloat16* q_t = A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
-  const int staged = K == SsmKind::mamba2 ? h0 + 1 : h0;
+  const int staged = K == ssm::Recurrence::mamba2 ? h0 + 1 : h0;
   // By value: a reference chosen at run time between two kernel-parameter members would have to
   // live in local memory (measured: local loads in the stream loop).
-  const DeviceState read_state = A.split ? A.lp : A.hp;
+  const DeviceState read_state = A.split ? A.read : A.recur;
   const std::size_t hb0 = static_cast<std::size_t>(bg.b) * bg.H + bg.head0;
   const HeadView rv = head_view(read_state, hb0, dv, DK);  // NH adjacent heads: one tall matrix
   const float* const tensor_scales = read_state.tensor_scales;
@@ -836,7 +836,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
     float qf[KT::P][4], kf[KT::P][4];
     load_lane_vector<4, KT::P, KT::LPR>(q_t, lane, qf);
     load_lane_vector<4, KT::P, KT::LPR>(k_t, lane, kf);
-    key_products<DK, 1, K == SsmKind::gdn ? 2 : 1>(
+    key_products<DK, 1, K == ssm::Recurrence::gdn ? 2 : 1>(
         staged,
         [&](int p) { return p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK; }, &qf, &kf,
         [&](int p, int i, float sum) { (i == 0 ? sh.c1 : sh.c2)[p] = sum; });
@@ -850,7 +850,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
 #pragma unroll
     for (int e = 0; e < E; e += 4) {
       load_bf16x4(q_t + col + e, &vecs[p][0][e]);
-      if constexpr (K == SsmKind::gdn) load_bf16x4(k_t + col + e, &vecs[p][NV - 1][e]);
+      if constexpr (K == ssm::Recurrence::gdn) load_bf16x4(k_t + col + e, &vecs[p][NV - 1][e]);
     }
   }
   for (int it0 = 0; it0 < iterations; it0 += kBatch) {
@@ -890,7 +890,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
     }
   }
   float kq_t = 0.0f;
-  if (K == SsmKind::gdn) kq_t = warp_dot_bf16<DK>(k_t, q_t, lane);
+  if (K == ssm::Recurrence::gdn) kq_t = warp_dot_bf16<DK>(k_t, q_t, lane);
   __syncthreads();
   // One thread per (head, row): fold the staged records.
   for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
@@ -899,7 +899,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
     const float* vn = sh.vals + static_cast<std::size_t>(n) * L * dv;
     const float* wn = sh.w + n * L;
     const float gamma = sh.gamma[n];
-    if (K == SsmKind::mamba2) {
+    if (K == ssm::Recurrence::mamba2) {
       float o = gamma * sh.rows1[idx];
       for (int p = 0; p < staged; ++p) o = fmaf(wn[p] * sh.c1[p], vn[p * dv + r], o);
       A.in.out[hb * dv + r] = o;
@@ -942,15 +942,15 @@ __device__ __forceinline__ void append_record(const ReplayArgs& A, const BlockGe
 // Both read window[parity]; the flush kernel, launched second, writes window[1 - parity].
 // Blocks per SM the register budget is sized for (ptxas -v: no spills at these bounds). NVFP4
 // pieces hold 32 columns, so a lane's slice of q (and k) alone takes 32 (64) registers.
-template <SsmKind K, StorageFormat R, int DK>
+template <ssm::Recurrence K, StorageFormat R, int DK>
 constexpr int nonflush_min_blocks() {
-  if (DK == 256 || R == StorageFormat::nvfp4) return K == SsmKind::gdn ? 2 : 3;
-  return K == SsmKind::gdn && R == StorageFormat::fp8b128 ? 3 : 4;
+  if (DK == 256 || R == StorageFormat::nvfp4) return K == ssm::Recurrence::gdn ? 2 : 3;
+  return K == ssm::Recurrence::gdn && R == StorageFormat::fp8b128 ? 3 : 4;
 }
 template <int DK>
 constexpr int flush_min_blocks() { return DK == 256 ? 2 : 3; }
 
-template <SsmKind K, StorageFormat R, int DK>
+template <ssm::Recurrence K, StorageFormat R, int DK>
 __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) replay_nonflush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -962,11 +962,11 @@ __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) rep
   const WindowState win = A.rec.window[A.rec.parity][bg.b];
   if (win.h + 1 == A.window) return;
   const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false);
-  append_record(A, bg, win, DK, K == SsmKind::gdn);
+  append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
   replay_nonflush_block<K, R, DK>(A, bg, win, sh);
 }
 
-template <SsmKind K, StorageFormat HP, int DK>
+template <ssm::Recurrence K, StorageFormat RecurF, int DK>
 __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
@@ -985,8 +985,8 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
   }
   if (!flush) return;
   const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, true);
-  append_record(A, bg, win, DK, K == SsmKind::gdn);
-  replay_flush_block<K, HP, DK>(A, bg, win, sh);
+  append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
+  replay_flush_block<K, RecurF, DK>(A, bg, win, sh);
 }
 
 // ================================ speculative verification ====================================
@@ -1018,13 +1018,13 @@ __host__ __device__ inline std::size_t verify_shared_floats(int L, int T, int DK
 // records into the same streamed rows and writes them back.
 // Blocks per SM the verify kernel's registers are sized for: T drafts' query (and key) slices stay
 // in registers, 4T (8T) of them per lane at dk = 128.
-template <SsmKind K, int DK, int TD>
+template <ssm::Recurrence K, int DK, int TD>
 constexpr int verify_min_blocks() {
   if (DK == 256) return 1;
-  return TD == 8 && K == SsmKind::gdn ? 2 : 3;
+  return TD == 8 && K == ssm::Recurrence::gdn ? 2 : 3;
 }
 
-template <SsmKind K, int DK, int TD>
+template <ssm::Recurrence K, int DK, int TD>
 __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) verify_kernel(VerifyArgs A) {
   using T = Tile<StorageFormat::fp32, DK>;
   constexpr int E = 4, P = T::P, LPR = T::LPR, RW = T::RW;
@@ -1071,10 +1071,10 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
     const int s = idx / NH, nn = idx % NH;
     const std::size_t slot = ring_slot(A.rec, bg.b, win, h + s);
     A.rec.alpha[slot * bg.H + bg.head0 + nn] = A.in.alpha[in_head(s, nn)];
-    if (K == SsmKind::gdn) A.rec.beta[slot * bg.H + bg.head0 + nn] = A.in.beta[in_head(s, nn)];
+    if (K == ssm::Recurrence::gdn) A.rec.beta[slot * bg.H + bg.head0 + nn] = A.in.beta[in_head(s, nn)];
   }
   // Stage: committed record vectors (v or u), draft v (Mamba-2), decays, betas, committed keys.
-  const int committed_vals = K == SsmKind::mamba2 ? n : h;
+  const int committed_vals = K == ssm::Recurrence::mamba2 ? n : h;
   const SmallDiv per_head(committed_vals > 0 ? committed_vals : 1);
   copy_vectors(
       NH * committed_vals, dv,
@@ -1082,7 +1082,7 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
         const int nn = per_head(vec), p = vec - nn * committed_vals;
         if (p >= h) return __bfloat162float(A.in.v[in_head(p - h, nn) * dv + r]);
         const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn) * dv + r;
-        return K == SsmKind::mamba2 ? __bfloat162float(A.rec.v[rec]) : A.rec.u[rec];
+        return K == ssm::Recurrence::mamba2 ? __bfloat162float(A.rec.v[rec]) : A.rec.u[rec];
       },
       [&](int vec, int r, float x) {
         const int nn = per_head(vec), p = vec - nn * committed_vals;
@@ -1095,7 +1095,7 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
         return p >= h ? A.in.alpha[in_head(p - h, nn)] : A.rec.alpha[ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn];
       },
       [&](int idx, float x) { s_a[(idx / n) * NP + idx % n] = x; });
-  if (K == SsmKind::gdn)
+  if (K == ssm::Recurrence::gdn)
     for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) s_beta[idx] = A.in.beta[in_head(idx % TD, idx / TD)];
   if (flush)
     copy_unrolled<4>(
@@ -1107,17 +1107,17 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
         },
         [&](int i, float2 x) { reinterpret_cast<float2*>(s_keys)[i] = x; });
   // The drafts' queries (and keys), lane slices for the streamed rows and the key products.
-  float qv[TD][P][E], kv[K == SsmKind::gdn ? TD : 1][P][E];
+  float qv[TD][P][E], kv[K == ssm::Recurrence::gdn ? TD : 1][P][E];
 #pragma unroll
   for (int s = 0; s < TD; ++s)
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       load_bf16x4(draft_q(s) + T::col(lane, p), qv[s][p]);
-      if constexpr (K == SsmKind::gdn) load_bf16x4(draft_k(s) + T::col(lane, p), kv[s][p]);
+      if constexpr (K == ssm::Recurrence::gdn) load_bf16x4(draft_k(s) + T::col(lane, p), kv[s][p]);
     }
   // Key products, once for the NH heads: s_kq[p][s] = k_p . q_s (p <= h + s), s_kk[p][s] = k_p . k_s
   // (p < h + s), all drafts at once.
-  key_products<DK, TD, K == SsmKind::gdn ? 2 : 1>(n, key_at, qv, kv, [&](int p, int i, float sum) {
+  key_products<DK, TD, K == ssm::Recurrence::gdn ? 2 : 1>(n, key_at, qv, kv, [&](int p, int i, float sum) {
     const int v = i / TD, s = i % TD;
     if (v == 0 ? p <= h + s : p < h + s) (v == 0 ? s_kq : s_kk)[p * TD + s] = sum;
   });
@@ -1161,16 +1161,16 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
     const bool valid = row < rows_total;
     float (&x)[P][E] = xb[j];
     {
-      constexpr int NV = K == SsmKind::gdn ? 2 : 1, N = TD * NV;  // partial sums [v][s]
+      constexpr int NV = K == ssm::Recurrence::gdn ? 2 : 1, N = TD * NV;  // partial sums [v][s]
       float part[N];
 #pragma unroll
       for (int s = 0; s < TD; ++s) {
         part[s] = 0.0f;
-        if constexpr (K == SsmKind::gdn) part[TD + s] = 0.0f;
+        if constexpr (K == ssm::Recurrence::gdn) part[TD + s] = 0.0f;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
           part[s] = dot_acc<E>(x[p], qv[s][p], part[s]);
-          if constexpr (K == SsmKind::gdn) part[TD + s] = dot_acc<E>(x[p], kv[s][p], part[TD + s]);
+          if constexpr (K == ssm::Recurrence::gdn) part[TD + s] = dot_acc<E>(x[p], kv[s][p], part[TD + s]);
         }
       }
       if constexpr (N <= LPR) {
@@ -1219,7 +1219,7 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
     const float* vn = s_vals + static_cast<std::size_t>(nn) * NP * dv;
     const float* wn = s_w + nn * NP * TD;
     float u_d[TD];
-    if (K == SsmKind::gdn) {
+    if (K == ssm::Recurrence::gdn) {
 #pragma unroll
       for (int s = 0; s < TD; ++s) {
         float sk = s_d[nn * TD + s] * s_rows[(TD + s) * rows_total + idx];
@@ -1233,14 +1233,14 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
 #pragma unroll
     for (int s = 0; s < TD; ++s) {
       float o = s_d[nn * TD + s] * s_rows[s * rows_total + idx];
-      const int committed = K == SsmKind::gdn ? h : h + s + 1;
+      const int committed = K == ssm::Recurrence::gdn ? h : h + s + 1;
       for (int p = 0; p < committed; ++p) o = fmaf(wn[p * TD + s] * s_kq[p * TD + s], vn[p * dv + r], o);
-      if (K == SsmKind::gdn)
+      if (K == ssm::Recurrence::gdn)
 #pragma unroll
         for (int j = 0; j <= s; ++j) o = fmaf(wn[(h + j) * TD + s] * s_kq[(h + j) * TD + s], u_d[j], o);
       A.in.out[in_head(s, nn) * dv + r] = o;
     }
-    if (K == SsmKind::gdn)
+    if (K == ssm::Recurrence::gdn)
 #pragma unroll
       for (int s = 0; s < TD; ++s) A.rec.u[(ring_slot(A.rec, bg.b, win, h + s) * bg.H + bg.head0 + nn) * dv + r] = u_d[s];
   }
@@ -1264,7 +1264,7 @@ __global__ void commit_kernel(int batch, const int* accepted, DeviceRecords rec)
 }
 
 // ================================ snapshot baseline ===========================================
-template <SsmKind K, int DK, int TD>
+template <ssm::Recurrence K, int DK, int TD>
 __global__ void __launch_bounds__(kThreads) snapshot_verify_kernel(DecodeShape shape, StepInputs in, const float* state,
                                                                    float* snapshots) {
   using T = Tile<StorageFormat::fp32, DK>;
@@ -1298,7 +1298,7 @@ __global__ void __launch_bounds__(kThreads) snapshot_verify_kernel(DecodeShape s
       const float a = in.alpha[ih];
       const float vr = valid ? __bfloat162float(in.v[ih * geo.dv + row]) : 0.0f;
       float coef = vr;
-      if constexpr (K == SsmKind::gdn) {
+      if constexpr (K == ssm::Recurrence::gdn) {
         float sk = 0.0f;
 #pragma unroll
         for (int p = 0; p < P; ++p) sk = dot_acc<E>(x[p], kv[s][p], sk);
@@ -1373,9 +1373,12 @@ void with_dk(int dk, F&& f) {
 }
 
 template <class F>
-void with_kind(SsmKind k, F&& f) {
-  if (k == SsmKind::mamba2) f(std::integral_constant<SsmKind, SsmKind::mamba2>{});
-  else f(std::integral_constant<SsmKind, SsmKind::gdn>{});
+void with_kind(ssm::Recurrence k, F&& f) {
+  switch (k) {
+    case ssm::Recurrence::mamba2: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::mamba2>{}); break;
+    case ssm::Recurrence::gdn: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::gdn>{}); break;
+    default: throw std::invalid_argument("decode kernels: recurrence kda is not implemented on the GPU (mamba2, gdn)");
+  }
 }
 
 template <class F>
@@ -1391,7 +1394,7 @@ void with_drafts(int t, F&& f) {
 
 }  // namespace
 
-void conventional_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, DeviceState state,
+void conventional_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, DeviceState state,
                        cudaStream_t stream) {
   check_shape(shape);
   const dim3 grid(shape.value_heads, shape.batch);
@@ -1414,21 +1417,21 @@ void conventional_step(SsmKind kind, const DecodeShape& shape, const StepInputs&
   REPLAYSSM_CUDA_CHECK_LAUNCH();
 }
 
-void replay_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
+void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream) {
   check_shape(shape);
   if (config.window < 1 || config.window > kMaxWindow)
     throw_invalid_argument("replay decode supports 1 <= L <= 64", "L", config.window);
   if (records.capacity < config.window) throw std::invalid_argument("record ring smaller than the window");
-  const StorageFormat read = config.split() ? config.lp.format : config.hp.format;
+  const StorageFormat read = config.split() ? config.read.format : config.recur.format;
   if (read == StorageFormat::fp8b128 && shape.dk % 128) throw std::invalid_argument("fp8b128 read needs dk % 128 == 0");
   // The NVFP4 LP copy needs the tensor amax before encoding; the flush re-reads the rows from the
-  // HP checkpoint it just wrote, which holds S itself only when HP is fp32.
-  if (config.split() && read == StorageFormat::nvfp4 && config.hp.format != StorageFormat::fp32)
+  // recur (HP) checkpoint it just wrote, which holds S itself only when the recur copy is fp32.
+  if (config.split() && read == StorageFormat::nvfp4 && config.recur.format != StorageFormat::fp32)
     throw std::invalid_argument("an NVFP4 read checkpoint needs an fp32 recurrence checkpoint in the kernels");
   const int NH = heads_per_block(shape, config.heads_per_block);
-  ReplayArgs A{shape, in, config.window, config.hp, config.lp, config.split(),
-               formats::element_rounding_mode(config.hp_rounding), config.seed, records, NH};
+  ReplayArgs A{shape, in, config.window, config.recur, config.read, config.split(),
+               formats::element_rounding_mode(config.recur_rounding), config.seed, records, NH};
   const dim3 grid(shape.value_heads / NH, shape.batch);
   with_kind(kind, [&](auto K) {
     with_dk(shape.dk, [&](auto DK) {
@@ -1460,8 +1463,8 @@ void replay_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, c
         case StorageFormat::nvfp4: launch(replay_nonflush_kernel<K(), StorageFormat::nvfp4, DK()>, false); break;
         default: throw std::invalid_argument("unsupported read checkpoint format");
       }
-      if (config.hp.format == StorageFormat::fp32) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK()>, true);
-      else if (config.hp.format == StorageFormat::fp16) launch(replay_flush_kernel<K(), StorageFormat::fp16, DK()>, true);
+      if (config.recur.format == StorageFormat::fp32) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK()>, true);
+      else if (config.recur.format == StorageFormat::fp16) launch(replay_flush_kernel<K(), StorageFormat::fp16, DK()>, true);
       else throw std::invalid_argument("the recurrence checkpoint is fp32 or fp16");
     });
   });
@@ -1469,15 +1472,15 @@ void replay_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, c
   records.parity = 1 - records.parity;
 }
 
-void verify_step(SsmKind kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
+void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream) {
   check_shape(shape);
-  if (config.split() || config.hp.format != StorageFormat::fp32)
+  if (config.split() || config.recur.format != StorageFormat::fp32)
     throw std::invalid_argument("verification kernels read an fp32 shared checkpoint");
   if (records.capacity < std::max(config.window, drafts) + drafts)
     throw std::invalid_argument("record ring needs capacity max(L, T) + T");
   const int NH = heads_per_block(shape, config.heads_per_block);
-  VerifyArgs A{shape, in, config.window, drafts, config.hp, records, NH};
+  VerifyArgs A{shape, in, config.window, drafts, config.recur, records, NH};
   const dim3 grid(shape.value_heads / NH, shape.batch);
   const std::size_t smem = sizeof(float) * verify_shared_floats(config.window, drafts, shape.dk, shape.dv, NH);
   with_kind(kind, [&](auto K) {
@@ -1499,7 +1502,7 @@ void commit_step(const DecodeShape& shape, const int* accepted, DeviceRecords& r
   records.parity = 1 - records.parity;
 }
 
-void snapshot_verify_step(SsmKind kind, const DecodeShape& shape, int drafts, const StepInputs& in, const float* state,
+void snapshot_verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const float* state,
                           float* snapshots, cudaStream_t stream) {
   check_shape(shape);
   const dim3 grid(shape.value_heads, shape.batch);

@@ -26,10 +26,11 @@
 #include <cstdint>
 
 #include "formats/quantized_matrix.h"
+#include "ssm/ssm_types.h"
 
 namespace replayssm::cuda {
 
-enum class SsmKind : uint8_t { mamba2, gdn };
+// Recurrence (ssm/ssm_types.h): the kernels implement mamba2 and gdn; kda is refused by every launcher.
 
 struct DecodeShape {
   int batch = 1, key_heads = 1, value_heads = 1, dk = 128, dv = 64;
@@ -79,31 +80,31 @@ struct DeviceRecords {
 
 struct ReplayConfig {
   int window = 16;                  // L
-  DeviceState hp;                   // carries the recurrence (fp32, or fp16 with SR)
-  DeviceState lp;                   // read by non-flush steps when split (format fp32 = shared: read hp)
-  bool split() const { return lp.payload != nullptr; }
-  formats::Rounding hp_rounding = formats::Rounding::rtn;
+  DeviceState recur;                // carries the recurrence (the paper's HP checkpoint: fp32, or fp16 with SR)
+  DeviceState read;                 // read by non-flush steps when split (the LP checkpoint); unset: shared
+  bool split() const { return read.payload != nullptr; }
+  formats::Rounding recur_rounding = formats::Rounding::rtn;
   uint64_t seed = 0;                // SR seed; streams: ssm::sr_stream with layer = sequence index
   int heads_per_block = 0;          // value heads per block (0: chosen from the shape and the GPU)
 };
 
-void conventional_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, DeviceState state,
+void conventional_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, DeviceState state,
                        cudaStream_t stream);
 
 // One standard decode step for every sequence; advances each sequence's window (flips parity).
-void replay_step(SsmKind kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
+void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream);
 
 // Speculative verification of T drafts (T <= 8): outputs for the T positions, draft records
 // written after the committed ones, flush when h + T > L. FP32 checkpoint (shared) only.
-void verify_step(SsmKind kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
+void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream);
 // h[b] += accepted[b] for every sequence (1 <= accepted <= T): pointer rollback, nothing copied.
 void commit_step(const DecodeShape& shape, const int* accepted, DeviceRecords& records, cudaStream_t stream);
 
 // Baseline: T sequential updates from the state, writing each intermediate state to
 // snapshots[s] (T full FP32 states) and the outputs.
-void snapshot_verify_step(SsmKind kind, const DecodeShape& shape, int drafts, const StepInputs& in,
+void snapshot_verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in,
                           const float* state, float* snapshots, cudaStream_t stream);
 
 }  // namespace replayssm::cuda

@@ -87,11 +87,11 @@ Traffic replay_window_traffic(uint64_t state_bytes, uint64_t record_bytes, int w
   return t;
 }
 
-Traffic split_window_traffic(uint64_t hp_state_bytes, uint64_t lp_state_bytes, uint64_t record_bytes, int window) {
+Traffic split_window_traffic(uint64_t recur_state_bytes, uint64_t read_state_bytes, uint64_t record_bytes, int window) {
   Traffic t = replay_window_traffic(0, record_bytes, window);
   const auto L = static_cast<uint64_t>(window);
-  t.state_read = (L - 1) * lp_state_bytes + hp_state_bytes;  // non-flush steps: LP; flush: HP
-  t.state_write = hp_state_bytes + lp_state_bytes;           // the flush writes both copies
+  t.state_read = (L - 1) * read_state_bytes + recur_state_bytes;  // non-flush steps: LP; flush: HP
+  t.state_write = recur_state_bytes + read_state_bytes;           // the flush writes both copies
   return t;
 }
 

@@ -71,7 +71,7 @@ uint64_t replay_record_traffic(uint64_t record_bytes, int window);
 // All functions taking a window throw std::invalid_argument when window < 1.
 Traffic conventional_window_traffic(uint64_t state_bytes, int window);
 Traffic replay_window_traffic(uint64_t state_bytes, uint64_t record_bytes, int window);
-Traffic split_window_traffic(uint64_t hp_state_bytes, uint64_t lp_state_bytes, uint64_t record_bytes, int window);
+Traffic split_window_traffic(uint64_t recur_state_bytes, uint64_t read_state_bytes, uint64_t record_bytes, int window);
 // Mean traffic of the L-1 non-flush steps of a window (the steps a low-precision read speeds up):
 // one checkpoint read, (L-2)/2 record reads and one record write on average. Throws when window < 2.
 double replay_nonflush_step_bytes(uint64_t read_state_bytes, uint64_t record_bytes, int window);

@@ -7,15 +7,6 @@
 
 namespace replayssm::ssm {
 
-std::string_view to_string(Recurrence r) {
-  switch (r) {
-    case Recurrence::mamba2: return "mamba2";
-    case Recurrence::gdn: return "gdn";
-    case Recurrence::kda: return "kda";
-  }
-  return "?";
-}
-
 Recurrence parse_recurrence(std::string_view text) {
   for (Recurrence r : {Recurrence::mamba2, Recurrence::gdn, Recurrence::kda})
     if (text == to_string(r)) return r;

@@ -16,6 +16,7 @@
 #include <Eigen/Core>
 
 #include "ssm/sequence_emulator.h"
+#include "ssm/ssm_types.h"
 #include "ssm/state_quantizer.h"
 
 namespace replayssm::ssm {
@@ -23,14 +24,9 @@ namespace replayssm::ssm {
 using RowMatrix = StateMatrix;  // record matrices: one record per row
 using Vector = Eigen::VectorXf;
 
-std::string_view to_string(Recurrence r);
 // "mamba2", "gdn", "kda"; throws std::invalid_argument otherwise.
 Recurrence parse_recurrence(std::string_view text);
 
-inline bool has_delta_rule(Recurrence r) { return r != Recurrence::mamba2; }
-inline bool has_channel_decay(Recurrence r) { return r == Recurrence::kda; }
-// Floats of one token's decay for one value head: 1, or dk for kda.
-inline int decay_width(Recurrence r, int dk) { return r == Recurrence::kda ? dk : 1; }
 
 // One key head (k, q) and the value heads that share it (GQA; Mamba-2 n_groups).
 struct HeadGroupShape {

@@ -59,7 +59,7 @@ class HeadEmulator {
       : in_(in), policy_(policy), id_(id), g_(g), out_(out), options_(options) {
     const int w = decay_width(in.kind, in.dk);
     S_ = StateMatrix::Zero(in.dv, in.dk);
-    if (policy.scheme == DecodeScheme::split) S_hp_ = StateMatrix::Zero(in.dv, in.dk);
+    if (policy.scheme == DecodeScheme::split) S_recur_ = StateMatrix::Zero(in.dv, in.dk);
     a_.resize(w);
     v_.resize(in.dv);
     k_.resize(in.dk);
@@ -101,14 +101,14 @@ class HeadEmulator {
           if (++h < L) {  // non-flush: output from the LP running state; the HP one keeps pace
             plain_step(in_.kind, S_, a_, beta, v_, k_, u_, scratch_);
             state_output(S_, q_, o_);
-            plain_step(in_.kind, S_hp_, a_, beta, v_, k_, u_, scratch_);
-          } else {  // flush: output and both new checkpoints from the HP running state
-            plain_step(in_.kind, S_hp_, a_, beta, v_, k_, u_, scratch_);
-            state_output(S_hp_, q_, o_);
-            S_ = S_hp_;
+            plain_step(in_.kind, S_recur_, a_, beta, v_, k_, u_, scratch_);
+          } else {  // flush: output and both new checkpoints from the recur (HP) running state
+            plain_step(in_.kind, S_recur_, a_, beta, v_, k_, u_, scratch_);
+            state_output(S_recur_, q_, o_);
+            S_ = S_recur_;
             quantize_state(S_, policy_.read, policy_.seed, id_, g_, CheckpointCopy::read, event);
-            quantize_state(S_hp_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event);
-            notify(t, S_hp_, &S_);
+            quantize_state(S_recur_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event);
+            notify(t, S_recur_, &S_);
             ++event;
             h = 0;
           }
@@ -130,7 +130,7 @@ class HeadEmulator {
   float* out_;
   const EmulatorOptions& options_;
   StateMatrix S_;     // conventional: the stored state; shared: S_run; split: the LP running state
-  StateMatrix S_hp_;  // split: the HP running state
+  StateMatrix S_recur_;  // split: the recur (HP) running state
   Vector a_, v_, k_, q_, u_, o_;
   StepScratch scratch_;
 };

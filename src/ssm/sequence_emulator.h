@@ -15,10 +15,9 @@
 #include <vector>
 
 #include "ssm/precision_policy.h"
+#include "ssm/ssm_types.h"
 
 namespace replayssm::ssm {
-
-enum class Recurrence : uint8_t { mamba2, gdn, kda };
 
 struct HeadGroupSequence {
   Recurrence kind = Recurrence::mamba2;
@@ -50,9 +49,10 @@ void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy
 //   conventional  S <- step(S); o_t = S q_t; S <- Q_recur(S)                (event = t - 1)
 //   shared        S_run <- step(S_run) (GDN/KDA: u from S_run); o_t = S_run q_t; at a flush
 //                 S_run <- Q_recur(S_run), the new checkpoint, from which the next window starts
-//   split         S_lp, S_hp running from the LP and HP checkpoints, both stepped every token
-//                 (GDN/KDA: u^LP from S_lp, u^HP from S_hp); non-flush o_t = S_lp q_t; flush
-//                 o_t = S_hp q_t, then S_lp <- Q_read(S_hp), S_hp <- Q_recur(S_hp)
+//   split         S_read, S_recur running from the read (LP) and recur (HP) checkpoints, both
+//                 stepped every token (GDN/KDA: u^LP from S_read, u^HP from S_recur); non-flush
+//                 o_t = S_read q_t; flush o_t = S_recur q_t, then S_read <- Q_read(S_recur),
+//                 S_recur <- Q_recur(S_recur)
 // The replayed state REPLAY(S_ckpt, B[1:h]) of the literal decoders is evaluated as the same
 // fold, so checkpoints agree bit for bit with ReplayDecoder / SplitPrecisionReplayDecoder.
 

@@ -28,13 +28,12 @@
 #include "formats/quantized_matrix.h"
 #include "ssm/precision_policy.h"
 #include "ssm/sequence_emulator.h"
+#include "ssm/ssm_types.h"
 
 namespace replayssm::ssm {
 
 // Row-major so that quantization blocks run along dk, the contiguous dimension.
 using StateMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-enum class CheckpointCopy : uint8_t { recur = 0, read = 1 };
 
 inline constexpr int kStreamLayerBits = 16, kStreamKeyHeadBits = 12, kStreamValueHeadBits = 8,
                      kStreamEventBits = 27;

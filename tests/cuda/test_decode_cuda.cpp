@@ -24,7 +24,6 @@
 
 using namespace replayssm;
 using cuda::DecodeShape;
-using cuda::SsmKind;
 using formats::StorageFormat;
 
 namespace {
@@ -56,7 +55,6 @@ struct DeviceArray {
   }
 };
 
-ssm::Recurrence recurrence_of(SsmKind k) { return k == SsmKind::mamba2 ? ssm::Recurrence::mamba2 : ssm::Recurrence::gdn; }
 
 // One step's inputs for the whole batch (T tokens for verification), host copies as floats that
 // are exactly the bf16 values the GPU reads.
@@ -70,7 +68,7 @@ struct InputGen {
   boost::random::mt19937_64 rng;
   bool slow_decay;
   explicit InputGen(uint64_t seed, bool slow) : rng(seed), slow_decay(slow) {}
-  HostStep make(SsmKind kind, const DecodeShape& s, int tokens) {
+  HostStep make(ssm::Recurrence kind, const DecodeShape& s, int tokens) {
     boost::random::normal_distribution<float> normal(0.0f, 1.0f);
     boost::random::uniform_real_distribution<float> unit(0.0f, 1.0f);
     HostStep st;
@@ -84,8 +82,8 @@ struct InputGen {
       std::vector<float> q(s.dk), k(s.dk);
       for (int c = 0; c < s.dk; ++c) q[c] = normal(rng), k[c] = normal(rng), nq += q[c] * q[c], nkk += k[c] * k[c];
       for (int c = 0; c < s.dk; ++c) {
-        const float qq = kind == SsmKind::gdn ? q[c] / std::sqrt(nq) : q[c] * 0.1f;
-        const float kk = kind == SsmKind::gdn ? k[c] / std::sqrt(nkk) : k[c] * 0.1f;
+        const float qq = kind == ssm::Recurrence::gdn ? q[c] / std::sqrt(nq) : q[c] * 0.1f;
+        const float kk = kind == ssm::Recurrence::gdn ? k[c] / std::sqrt(nkk) : k[c] * 0.1f;
         st.q[base + c] = __float2bfloat16(qq), st.k[base + c] = __float2bfloat16(kk);
         st.qf[base + c] = __bfloat162float(st.q[base + c]), st.kf[base + c] = __bfloat162float(st.k[base + c]);
       }
@@ -187,7 +185,7 @@ struct RecordBuffers {
 };
 
 struct Case {
-  SsmKind kind;
+  ssm::Recurrence kind;
   DecodeShape shape;
   bool slow_decay;
   int heads_per_block;  // replay/verify blocks: value heads per block (0: the launcher's choice)
@@ -195,7 +193,7 @@ struct Case {
 
 std::vector<Case> cases() {
   std::vector<Case> c;
-  for (SsmKind k : {SsmKind::mamba2, SsmKind::gdn}) {
+  for (ssm::Recurrence k : {ssm::Recurrence::mamba2, ssm::Recurrence::gdn}) {
     // Small batches make the launcher choose one head per block (to fill the SMs); forcing the
     // largest head group per block covers the path large batches take.
     c.push_back({k, {2, 1, 16, 128, 64}, true, 4});   // Nemotron-3-Super head group, decays near 1
@@ -207,7 +205,6 @@ std::vector<Case> cases() {
   return c;
 }
 
-const char* kind_name(SsmKind k) { return k == SsmKind::mamba2 ? "mamba2" : "gdn"; }
 
 }  // namespace
 
@@ -222,7 +219,7 @@ TEST_CASE("conventional decode kernels equal the CPU conventional decoder (fp32;
       std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu;
       for (int b = 0; b < s.batch; ++b)
         for (int g = 0; g < s.key_heads; ++g)
-          cpu.push_back(ssm::make_decoder({recurrence_of(c.kind), s.dk, s.dv, s.heads_per_group()}, policy,
+          cpu.push_back(ssm::make_decoder({c.kind, s.dk, s.dv, s.heads_per_group()}, policy,
                                           {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
       StateBuffers state(f, s);
       InputGen gen(test::kBaseSeed + 7000 + n, c.slow_decay);
@@ -244,7 +241,7 @@ TEST_CASE("conventional decode kernels equal the CPU conventional decoder (fp32;
       // fp16/bf16 states: the two sides round the same fp32 update; a 1-ulp difference in the
       // update before rounding can flip a code, so the tolerance is the storage format's.
       const double tol = f == StorageFormat::fp32 ? 1e-5 : f == StorageFormat::fp16 ? 2e-3 : 2e-2;
-      std::printf("conventional %s %s B=%d G=%d H=%d dk=%d dv=%d: max rel err %.2e (tol %.0e)\n", kind_name(c.kind),
+      std::printf("conventional %s %s B=%d G=%d H=%d dk=%d dv=%d: max rel err %.2e (tol %.0e)\n", std::string(ssm::to_string(c.kind)).c_str(),
                   std::string(formats::to_string(f)).c_str(), s.batch, s.key_heads, s.value_heads, s.dk, s.dv, meter.relative(), tol);
       CHECK(meter.relative() <= tol);
       ++n;
@@ -275,28 +272,28 @@ TEST_CASE("ReplaySSM decode kernels equal the CPU decoders: shared fp32 and spli
       neutral.beta.assign(neutral.alpha.size(), 0.5f);
       for (int b = 0; b < s.batch; ++b)
         for (int g = 0; g < s.key_heads; ++g) {
-          cpu.push_back(ssm::make_decoder({recurrence_of(c.kind), s.dk, s.dv, s.heads_per_group()}, policy,
+          cpu.push_back(ssm::make_decoder({c.kind, s.dk, s.dv, s.heads_per_group()}, policy,
                                           {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
           std::vector<float> scratch(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
           for (int w = 0; w < b % L; ++w) cpu.back()->step(group_token(neutral, s, b, g, 0), scratch.data());
         }
       const bool split = policy.scheme == ssm::DecodeScheme::split;
-      StateBuffers hp(policy.recur.format, s);
-      std::unique_ptr<StateBuffers> lp;
+      StateBuffers recur_buf(policy.recur.format, s);
+      std::unique_ptr<StateBuffers> read_buf;
       cuda::ReplayConfig config;
       config.window = L;
-      config.hp = hp.view;
-      config.hp_rounding = policy.recur.rounding;
+      config.recur = recur_buf.view;
+      config.recur_rounding = policy.recur.rounding;
       config.seed = policy.seed;
       config.heads_per_block = c.heads_per_block;
       if (split) {
-        lp = std::make_unique<StateBuffers>(policy.read.format, s);
-        config.lp = lp->view;
+        read_buf = std::make_unique<StateBuffers>(policy.read.format, s);
+        config.read = read_buf->view;
       }
       RecordBuffers rec(s, L, initial);
       InputGen gen(test::kBaseSeed + 9000 + n, c.slow_decay);
       ErrorMeter meter;
-      int lp_checks = 0, lp_mismatch = 0;
+      int read_checks = 0, read_mismatch = 0;
       for (int step = 0; step < 3 * L + 5; ++step) {
         const HostStep h = gen.make(c.kind, s, 1);
         DeviceStep d(h, s.heads() * s.dv);
@@ -312,42 +309,42 @@ TEST_CASE("ReplaySSM decode kernels equal the CPU decoders: shared fp32 and spli
           }
         // After a flush of sequence b, its LP copy must equal quantize(HP) bit for bit (fp32 HP).
         if (split && policy.recur.format == StorageFormat::fp32) {
-          std::vector<float> hpv(s.heads() * s.head_elements());
-          REPLAYSSM_CUDA_CHECK(cudaMemcpy(hpv.data(), hp.payload.ptr, hpv.size() * 4, cudaMemcpyDeviceToHost));
-          const auto lp_payload = lp->payload.download();
-          const auto lp_codes = lp->scale_codes.download();
-          const auto lp_scales = lp->block_scales.download();
-          const auto lp_tensor = lp->tensor_scales.download();
+          std::vector<float> recur_host(s.heads() * s.head_elements());
+          REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), recur_buf.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
+          const auto read_payload = read_buf->payload.download();
+          const auto read_codes = read_buf->scale_codes.download();
+          const auto read_scales = read_buf->block_scales.download();
+          const auto read_tensor = read_buf->tensor_scales.download();
           for (int b = 0; b < s.batch; ++b) {
             if ((b % L + step + 1) % L != 0) continue;  // not flushed at this step
             for (int hd = 0; hd < s.value_heads; ++hd) {
               const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd;
-              const auto q = formats::quantize_matrix(&hpv[head * s.head_elements()], s.dv, s.dk, policy.read.format,
+              const auto q = formats::quantize_matrix(&recur_host[head * s.head_elements()], s.dv, s.dk, policy.read.format,
                                                       formats::Rounding::rtn);
               const std::size_t pb = q.payload.size();
-              bool same = std::equal(q.payload.begin(), q.payload.end(), lp_payload.begin() + head * pb);
+              bool same = std::equal(q.payload.begin(), q.payload.end(), read_payload.begin() + head * pb);
               if (!q.block_scale_codes.empty())
                 same = same && std::equal(q.block_scale_codes.begin(), q.block_scale_codes.end(),
-                                          lp_codes.begin() + head * q.block_scale_codes.size());
+                                          read_codes.begin() + head * q.block_scale_codes.size());
               if (!q.block_scales.empty())
                 same = same && std::equal(q.block_scales.begin(), q.block_scales.end(),
-                                          lp_scales.begin() + head * q.block_scales.size());
-              if (policy.read.format == StorageFormat::nvfp4) same = same && q.tensor_scale == lp_tensor[head];
-              ++lp_checks;
-              lp_mismatch += !same;
+                                          read_scales.begin() + head * q.block_scales.size());
+              if (policy.read.format == StorageFormat::nvfp4) same = same && q.tensor_scale == read_tensor[head];
+              ++read_checks;
+              read_mismatch += !same;
             }
           }
         }
       }
-      const bool lp_path = split;
-      const double tol = !lp_path ? 1e-5 : policy.recur.format == StorageFormat::fp32 ? 5e-3 : 2e-2;
-      std::printf("replay %s %-24s B=%d G=%d H=%d dk=%d dv=%d NH=%d: max rel err %.2e (tol %.0e)%s\n", kind_name(c.kind),
+      const bool read_path = split;
+      const double tol = !read_path ? 1e-5 : policy.recur.format == StorageFormat::fp32 ? 5e-3 : 2e-2;
+      std::printf("replay %s %-24s B=%d G=%d H=%d dk=%d dv=%d NH=%d: max rel err %.2e (tol %.0e)%s\n", std::string(ssm::to_string(c.kind)).c_str(),
                   policy_text, s.batch, s.key_heads, s.value_heads, s.dk, s.dv, c.heads_per_block, meter.relative(), tol,
-                  lp_checks ? (", LP checkpoints bit-equal: " + std::to_string(lp_checks - lp_mismatch) + "/" +
-                               std::to_string(lp_checks)).c_str()
+                  read_checks ? (", read (LP) checkpoints bit-equal: " + std::to_string(read_checks - read_mismatch) + "/" +
+                               std::to_string(read_checks)).c_str()
                             : "");
       CHECK(meter.relative() <= tol);
-      CHECK(lp_mismatch == 0);
+      CHECK(read_mismatch == 0);
       ++n;
     }
   }
@@ -366,12 +363,12 @@ TEST_CASE("verification kernels equal CPU verify/commit with random accepted len
       std::vector<std::unique_ptr<ssm::ReplayDecoder>> cpu;
       for (int b = 0; b < s.batch; ++b)
         for (int g = 0; g < s.key_heads; ++g)
-          cpu.push_back(std::make_unique<ssm::ReplayDecoder>(ssm::HeadGroupShape{recurrence_of(c.kind), s.dk, s.dv, s.heads_per_group()},
+          cpu.push_back(std::make_unique<ssm::ReplayDecoder>(ssm::HeadGroupShape{c.kind, s.dk, s.dv, s.heads_per_group()},
                                                              policy, ssm::HeadGroupId{static_cast<uint32_t>(b), static_cast<uint32_t>(g)}, opts));
       StateBuffers ck(StorageFormat::fp32, s);
       cuda::ReplayConfig config;
       config.window = L;
-      config.hp = ck.view;
+      config.recur = ck.view;
       config.heads_per_block = c.heads_per_block;
       RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
       DeviceArray<int> accepted(s.batch);
@@ -404,7 +401,7 @@ TEST_CASE("verification kernels equal CPU verify/commit with random accepted len
           }
       }
       REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
-      std::printf("verify %s T=%d B=%d G=%d H=%d dk=%d dv=%d: max rel err %.2e over 24 rounds\n", kind_name(c.kind), T,
+      std::printf("verify %s T=%d B=%d G=%d H=%d dk=%d dv=%d: max rel err %.2e over 24 rounds\n", std::string(ssm::to_string(c.kind)).c_str(), T,
                   s.batch, s.key_heads, s.value_heads, s.dk, s.dv, meter.relative());
       CHECK(meter.relative() <= 1e-5);
 
@@ -420,7 +417,7 @@ TEST_CASE("verification kernels equal CPU verify/commit with random accepted len
       ErrorMeter snap_out, snap_state;
       for (int b = 0; b < s.batch; ++b)
         for (int g = 0; g < s.key_heads; ++g) {
-          ssm::ConventionalDecoder dec({recurrence_of(c.kind), s.dk, s.dv, s.heads_per_group()}, conv);
+          ssm::ConventionalDecoder dec({c.kind, s.dk, s.dv, s.heads_per_group()}, conv);
           for (int t = 0; t < T; ++t) {
             std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
             dec.step(group_token(h, s, b, g, t), ref.data());
@@ -434,7 +431,7 @@ TEST_CASE("verification kernels equal CPU verify/commit with random accepted len
             }
           }
         }
-      std::printf("snapshot %s T=%d: outputs %.2e, states %.2e\n", kind_name(c.kind), T, snap_out.relative(), snap_state.relative());
+      std::printf("snapshot %s T=%d: outputs %.2e, states %.2e\n", std::string(ssm::to_string(c.kind)).c_str(), T, snap_out.relative(), snap_state.relative());
       CHECK(snap_out.relative() <= 1e-5);
       CHECK(snap_state.relative() <= 1e-5);
       ++n;
