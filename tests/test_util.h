@@ -1,9 +1,14 @@
 // Shared helpers for the doctest suites.
 #pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace replayssm::test {
 
@@ -23,4 +28,117 @@ inline std::string source_path(const std::string& relative) {
 // Fixed base seed, recorded in the log; each case derives its own so inputs are fresh per case.
 inline constexpr uint64_t kBaseSeed = 20261130;
 
+// ---- the comparison rule of every numeric test ---------------------------------------------------
+// Element i of `got` matches `ref` when |got_i - ref_i| <= atol + rtol * |ref_i|. NaN on either side
+// never matches; an infinity matches only the same infinity. Bit-exact paths compare with == instead.
+struct Tolerance {
+  double atol = 0.0, rtol = 0.0;
+};
+
+struct Closeness {
+  std::string what;
+  std::size_t count = 0, mismatches = 0;
+  double max_abs = 0.0;     // max |got - ref| over the finite pairs
+  double max_excess = 0.0;  // max |got - ref| / (atol + rtol |ref|): a match is <= 1
+  std::vector<std::string> first;  // the first mismatches, with index, values and allowance
+  bool ok() const { return count > 0 && mismatches == 0; }
+  std::string report() const {
+    std::ostringstream s;
+    s << what << ": " << mismatches << " of " << count << " elements outside tolerance (max |d| " << max_abs
+      << ", max |d|/allowed " << max_excess << ")";
+    for (const auto& m : first) s << "\n  " << m;
+    if (mismatches > first.size()) s << "\n  ...";
+    return s.str();
+  }
+};
+
+// got and ref: n elements each (any arithmetic types).
+template <class G, class R>
+Closeness compare_close(const G* got, const R* ref, std::size_t n, Tolerance tol, std::string what,
+                        std::size_t max_listed = 10) {
+  Closeness c;
+  c.what = std::move(what);
+  c.count = n;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double g = static_cast<double>(got[i]), r = static_cast<double>(ref[i]);
+    const double allowed = tol.atol + tol.rtol * std::abs(r);
+    bool match;
+    if (std::isnan(g) || std::isnan(r)) {
+      match = false;
+    } else if (std::isinf(g) || std::isinf(r)) {
+      match = g == r;
+    } else {
+      const double d = std::abs(g - r);
+      c.max_abs = std::max(c.max_abs, d);
+      c.max_excess = std::max(c.max_excess, allowed > 0 ? d / allowed : (d > 0 ? INFINITY : 0.0));
+      match = d <= allowed;
+    }
+    if (!match) {
+      ++c.mismatches;
+      if (c.first.size() < max_listed) {
+        std::ostringstream m;
+        m.precision(9);
+        m << "[" << i << "] got " << g << ", ref " << r << ", |d| " << std::abs(g - r) << " > allowed " << allowed;
+        c.first.push_back(m.str());
+      }
+    }
+  }
+  return c;
+}
+template <class G, class R>
+Closeness compare_close(const std::vector<G>& got, const std::vector<R>& ref, Tolerance tol, std::string what) {
+  if (got.size() != ref.size()) {
+    Closeness c;
+    c.what = what;
+    c.count = std::max(got.size(), ref.size());
+    c.mismatches = c.count;
+    c.first.push_back("sizes differ: got " + std::to_string(got.size()) + ", ref " + std::to_string(ref.size()));
+    return c;
+  }
+  return compare_close(got.data(), ref.data(), ref.size(), tol, std::move(what));
+}
+// Per-value-head outputs (ssm tests): the heads concatenated.
+template <class G, class R>
+Closeness compare_close(const std::vector<std::vector<G>>& got, const std::vector<std::vector<R>>& ref, Tolerance tol,
+                        std::string what) {
+  std::vector<double> g, r;
+  for (const auto& x : got) g.insert(g.end(), x.begin(), x.end());
+  for (const auto& x : ref) r.insert(r.end(), x.begin(), x.end());
+  return compare_close(g, r, tol, std::move(what));
+}
+
+// Root mean square of the finite elements: the scale of "relative to the run's typical size"
+// tolerances (atol = rtol * rms), for outputs whose individual elements may nearly cancel.
+template <class R>
+double rms(const R* ref, std::size_t n) {
+  double s = 0;
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    if (std::isfinite(static_cast<double>(ref[i]))) s += static_cast<double>(ref[i]) * ref[i], ++k;
+  return k ? std::sqrt(s / static_cast<double>(k)) : 0.0;
+}
+template <class R>
+double rms(const std::vector<std::vector<R>>& ref) {
+  double s = 0;
+  std::size_t k = 0;
+  for (const auto& x : ref) {
+    const double m = rms(x.data(), x.size());
+    s += m * m * static_cast<double>(x.size()), k += x.size();
+  }
+  return k ? std::sqrt(s / static_cast<double>(k)) : 0.0;
+}
+// |d| <= rtol * (rms(ref) + |ref|): relative to each element and to the run's typical size.
+template <class R>
+Tolerance relative_to_rms(double rtol, const std::vector<std::vector<R>>& ref) {
+  return {rtol * rms(ref), rtol};
+}
+
 }  // namespace replayssm::test
+
+// In a doctest case: CHECK_CLOSE(compare_close(got, ref, tol, "what")) — fails with the report.
+#define CHECK_CLOSE(closeness)                 \
+  do {                                         \
+    const auto& replayssm_closeness_ = (closeness); \
+    INFO(replayssm_closeness_.report());       \
+    CHECK(replayssm_closeness_.ok());          \
+  } while (0)

@@ -36,7 +36,7 @@ std::vector<std::vector<double>> error_curves(Recurrence kind, float a_lo, uint6
   std::vector<std::vector<double>> err(kCurves);
   for (int c = 0; c < kCurves; ++c) {
     const Outputs o = test::run_emulator(d, PrecisionPolicy::parse(kNames[c]), {0, 0});
-    for (int N : Ns) err[c].push_back(test::relative_error(o, ref, shape.dv, N / 2, N).run);
+    for (int N : Ns) err[c].push_back(test::run_error(o, ref, shape.dv, N / 2, N));
   }
   std::printf("\n[separate precisions] %s, a in [%.4f, 1), dk=%d dv=%d, L=16: relative output error vs FP32 "
               "conventional over tokens (N/2, N]\n%8s",
