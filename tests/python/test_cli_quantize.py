@@ -98,7 +98,7 @@ def numpy_verdict(path):
 
 
 def temporaries(d):
-    return sorted(p.name for p in d.iterdir() if ".tmp-" in p.name)
+    return sorted(p.name for p in d.iterdir() if ".tmp" in p.name)
 
 
 def test_reader_accepts_exactly_what_numpy_reads_as_float32(tmp_path):
