@@ -1,21 +1,18 @@
 // replayssm logits MODEL_DIR --tokens ids.npy [--policy P] --out logprobs.npy
 // Teacher-forced forward on the CPU: row t of the output is the model's next-token
 // log-probability distribution after tokens[0..t] (float32, N x vocab), with every SSM layer's
-// state stored and decoded under the precision policy. The output is streamed to a temporary
-// file in the same directory, chunk by chunk, then renamed (atomic; never held in memory whole).
+// state stored and decoded under the precision policy. The output is streamed chunk by chunk to
+// the io::NpyWriter's temporary, then renamed (atomic; never held in memory whole). An existing
+// output is replaced only with --force.
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <iostream>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include "cli/commands.h"
 #include "io/npy.h"
@@ -28,7 +25,7 @@ struct LogitsOptions {
   std::string model_dir, tokens, out, policy = "conv:fp32";
   std::vector<std::string> layer_policies;
   int threads = 0, chunk = 256;
-  bool raw = false, verbose = false;
+  bool raw = false, verbose = false, force = false;
 };
 
 std::vector<int64_t> read_tokens(const std::string& path) {
@@ -53,50 +50,6 @@ std::vector<int64_t> read_tokens(const std::string& path) {
   }
   return t;
 }
-
-// Streams a float32 C-order .npy (format 1.0) to a temporary file, renamed on finish().
-class NpyStreamWriter {
- public:
-  NpyStreamWriter(std::string path, std::size_t rows, std::size_t cols) : path_(std::move(path)) {
-    const std::filesystem::path p(path_);
-    tmp_ = (p.parent_path() / fmt::format(".{}.tmp.{}", p.filename().string(), ::getpid())).string();
-    f_ = std::fopen(tmp_.c_str(), "wb");
-    if (!f_) throw std::runtime_error(fmt::format("{}: cannot create temporary file {}", path_, tmp_));
-    std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}", rows, cols);
-    const std::size_t total = 10 + header.size() + 1;
-    header.append((64 - total % 64) % 64, ' ');
-    header += '\n';
-    const uint16_t len = static_cast<uint16_t>(header.size());
-    const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
-    write(magic, 8);
-    const unsigned char l[2] = {static_cast<unsigned char>(len & 0xff), static_cast<unsigned char>(len >> 8)};
-    write(l, 2);
-    write(header.data(), header.size());
-  }
-  ~NpyStreamWriter() {
-    if (f_) {
-      std::fclose(f_);
-      std::remove(tmp_.c_str());
-    }
-  }
-  void write(const void* p, std::size_t bytes) {
-    if (std::fwrite(p, 1, bytes, f_) != bytes)
-      throw std::runtime_error(fmt::format("{}: write failed (disk full?)", tmp_));
-  }
-  void finish() {
-    if (std::fflush(f_) != 0 || ::fsync(::fileno(f_)) != 0 || std::fclose(f_) != 0) {
-      f_ = nullptr;
-      std::remove(tmp_.c_str());
-      throw std::runtime_error(fmt::format("{}: cannot flush {}", path_, tmp_));
-    }
-    f_ = nullptr;
-    std::filesystem::rename(tmp_, path_);
-  }
-
- private:
-  std::string path_, tmp_;
-  std::FILE* f_ = nullptr;
-};
 
 model::PolicyAssignment parse_policies(const LogitsOptions& o, const model::CausalLM& lm) {
   model::PolicyAssignment pa(ssm::PrecisionPolicy::parse(o.policy));
@@ -123,11 +76,12 @@ model::PolicyAssignment parse_policies(const LogitsOptions& o, const model::Caus
 
 void run_logits(const LogitsOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  check_outputs({{"--out", o.out}}, {o.tokens}, o.force, "logits");
   const std::vector<int64_t> tokens = read_tokens(o.tokens);
   const model::CausalLM lm = model::CausalLM::load(o.model_dir);
   const model::PolicyAssignment policy = parse_policies(o, lm);
   const auto t1 = std::chrono::steady_clock::now();
-  NpyStreamWriter out(o.out, tokens.size(), static_cast<std::size_t>(lm.vocab_size()));
+  io::NpyWriter out(o.out, "<f4", {tokens.size(), static_cast<std::size_t>(lm.vocab_size())}, o.force);
   model::ForwardOptions fo;
   fo.threads = o.threads;
   fo.chunk_positions = o.chunk;
@@ -142,7 +96,7 @@ void run_logits(const LogitsOptions& o) {
     for (std::size_t i = 0; i < n; ++i) nonfinite += !std::isfinite(c.rows[0][i]);
     out.write(c.rows[0], n * sizeof(float));
   });
-  out.finish();
+  out.commit();
   const auto t2 = std::chrono::steady_clock::now();
   const double secs = std::chrono::duration<double>(t2 - t1).count();
   std::cerr << fmt::format(
@@ -165,6 +119,7 @@ void register_logits(CLI::App& app) {
   cmd->add_option("MODEL_DIR", o->model_dir, "model directory (config.json + safetensors)")->required();
   cmd->add_option("--tokens", o->tokens, "token ids, .npy int32 or int64, shape (N,)")->required();
   cmd->add_option("--out", o->out, "output .npy (float32, N x vocab), written atomically")->required();
+  cmd->add_flag("--force", o->force, "replace --out if it exists (never done without it)");
   cmd->add_option("--policy", o->policy, "precision policy of every SSM layer")->capture_default_str();
   cmd->add_option("--layer-policy", o->layer_policies, "LAYER=POLICY override for one SSM layer (repeatable)");
   cmd->add_option("--threads", o->threads, "worker threads (0: all hardware threads)")->capture_default_str();

@@ -6,9 +6,12 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "io/atomic_file.h"
 #include "util/version.h"
 
 int main(int argc, char** argv) {
+  // Before any output is opened: an interrupt or a file-size limit must not leave a temporary behind.
+  replayssm::io::install_temp_cleanup_handlers();
   CLI::App app{
       "replayssm — study SSM layers (Mamba-2, Gated DeltaNet, KDA) whose recurrent state is stored in low\n"
       "precision and decoded the ReplaySSM way (checkpoint + buffer of recent inputs, flushed every L steps).\n"
@@ -28,7 +31,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const std::exception& e) {
     std::cerr << "replayssm: error: " << e.what() << "\n";
-    return 1;
+    return 2;
   }
   return 0;
 }

@@ -1,6 +1,8 @@
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>  // renameat2
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -54,20 +56,61 @@ void unregister_temp(int slot) {
   g_slots[slot].used.store(false);
 }
 
+// Async-signal-safe: unlink() and write() only, no allocation.
+void write_stderr(const char* text) {
+  std::size_t n = 0;
+  while (text[n] != '\0') ++n;
+  if (::write(STDERR_FILENO, text, n) < 0) {
+    // nothing more can be done inside a signal handler
+  }
+}
+
 extern "C" void remove_temps_and_reraise(int sig) {
-  for (auto& s : g_slots)
-    if (s.used.load()) ::unlink(s.path);  // async-signal-safe
+  const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
+  write_stderr("replayssm: stopped by ");
+  write_stderr(name);
+  for (auto& s : g_slots) {
+    if (s.used.load() && ::unlink(s.path) == 0) {
+      write_stderr("; removed the unfinished output ");
+      write_stderr(s.path);
+    }
+  }
+  write_stderr("\n");
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }
 
-[[noreturn]] void fail_errno(const std::string& what, const std::string& path, int err) {
+std::string errno_text(int err) {
   std::string hint;
   if (err == ENOSPC) hint = " (the disk is full)";
   if (err == EFBIG) hint = " (the file size limit was reached)";
   if (err == EDQUOT) hint = " (the disk quota is exhausted)";
-  throw std::runtime_error(fmt::format("{}: {}: {}{}", path, what, std::strerror(err), hint));
+  return std::strerror(err) + hint;
 }
+
+[[noreturn]] void fail_errno(const std::string& what, const std::string& path, int err) {
+  throw std::runtime_error(fmt::format("{}: {}: {}", path, what, errno_text(err)));
+}
+
+// rename(2), or with replace_existing false one that never replaces: renameat2(RENAME_NOREPLACE),
+// or link(2) + unlink(2) on filesystems without it. Returns 0 or the errno.
+int rename_into_place(const std::string& tmp, const std::string& path, bool replace_existing) {
+  if (replace_existing) return std::rename(tmp.c_str(), path.c_str()) == 0 ? 0 : errno;
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS) return errno;
+  if (::link(tmp.c_str(), path.c_str()) != 0) return errno;
+  ::unlink(tmp.c_str());
+  return 0;
+}
+
+std::string rename_error(const std::string& tmp, const std::string& path, int err) {
+  if (err == EEXIST)
+    return fmt::format("{}: already exists (it appeared while this run was writing): not replaced", path);
+  if (err == EISDIR) return fmt::format("{}: is a directory, expected a file name to write", path);
+  return fmt::format("cannot rename {} to {}: {}", tmp, path, errno_text(err));
+}
+
+std::string parent_dir(const std::string& path) { return fs::path(path).parent_path().string(); }
 
 void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.empty() ? "." : path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
@@ -107,16 +150,14 @@ std::string temp_path_for(const std::string& path) {
   return (p.parent_path() / fmt::format(".{}.tmp-{}", p.filename().string(), static_cast<long>(::getpid()))).string();
 }
 
-void commit_file(const std::string& tmp, const std::string& path) {
+void commit_file(const std::string& tmp, const std::string& path, bool replace_existing) {
   fsync_path(tmp, false);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    throw std::runtime_error(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(err)));
-  }
-  fsync_path(fs::path(path).parent_path().string(), true);
+  if (const int err = rename_into_place(tmp, path, replace_existing)) throw std::runtime_error(rename_error(tmp, path, err));
+  fsync_path(parent_dir(path), true);
 }
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(temp_path_for(path_)) {
+AtomicFile::AtomicFile(std::string path, bool replace_existing)
+    : path_(std::move(path)), tmp_(temp_path_for(path_)), replace_existing_(replace_existing) {
   slot_ = register_temp(tmp_);
 }
 
@@ -129,32 +170,74 @@ void AtomicFile::write(const void* data, std::size_t bytes) {
   if (committed_) throw std::logic_error(fmt::format("{}: write after commit", path_));
   if (fd_ < 0) {
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail_errno("cannot create", tmp_, errno);
+    if (fd_ < 0) fail_errno("cannot create the temporary file " + tmp_, path_, errno);
   }
   const auto* p = static_cast<const char*>(data);
   while (bytes > 0) {
     const ssize_t n = ::write(fd_, p, bytes);
     if (n < 0) {
       if (errno == EINTR) continue;
-      fail_errno("cannot write", tmp_, errno);
+      fail_errno("cannot write the temporary file " + tmp_, path_, errno);
     }
     p += n;
     bytes -= static_cast<std::size_t>(n);
   }
 }
 
-void AtomicFile::commit() {
-  if (committed_) return;
+void AtomicFile::sync() {
+  if (synced_ || committed_) return;
   if (fd_ >= 0) {
-    if (::fsync(fd_) != 0) fail_errno("fsync failed", tmp_, errno);
+    if (::fsync(fd_) != 0) fail_errno("cannot flush the temporary file " + tmp_, path_, errno);
     const int rc = ::close(fd_);
     fd_ = -1;
-    if (rc != 0) fail_errno("cannot close", tmp_, errno);
+    if (rc != 0) fail_errno("cannot close the temporary file " + tmp_, path_, errno);
+  } else {
+    fsync_path(tmp_, false);  // written by another library (HDF5) under temp_path()
   }
-  commit_file(tmp_, path_);
+  synced_ = true;
+}
+
+void AtomicFile::commit() {
+  if (committed_) return;
+  sync();
+  if (const int err = rename_into_place(tmp_, path_, replace_existing_)) throw std::runtime_error(rename_error(tmp_, path_, err));
   committed_ = true;
   unregister_temp(slot_);
   slot_ = -1;
+  fsync_path(parent_dir(path_), true);
+}
+
+void commit_together(const std::vector<AtomicFile*>& files) {
+  for (AtomicFile* f : files) f->sync();
+  sigset_t interrupts, previous;
+  sigemptyset(&interrupts);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&interrupts, sig);
+  ::pthread_sigmask(SIG_BLOCK, &interrupts, &previous);
+  std::vector<AtomicFile*> done;
+  for (AtomicFile* f : files) {
+    if (f->committed_) continue;
+    if (const int err = rename_into_place(f->tmp_, f->path_, f->replace_existing_)) {
+      std::string removed, replaced;
+      for (AtomicFile* d : done) {
+        if (!d->replace_existing_ && ::unlink(d->path_.c_str()) == 0)
+          removed += (removed.empty() ? "" : ", ") + d->path_;
+        else
+          replaced += (replaced.empty() ? "" : ", ") + d->path_;
+      }
+      ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+      throw std::runtime_error(fmt::format("{}{}{}", rename_error(f->tmp_, f->path_, err),
+                                           removed.empty() ? "" : "; removed the outputs already written: " + removed,
+                                           replaced.empty() ? "" : "; already replaced: " + replaced));
+    }
+    f->committed_ = true;
+    done.push_back(f);
+  }
+  for (AtomicFile* f : done) {
+    unregister_temp(f->slot_);
+    f->slot_ = -1;
+  }
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  for (AtomicFile* f : done) fsync_path(parent_dir(f->path_), true);
 }
 
 void AtomicFile::discard() {

@@ -12,22 +12,26 @@
 #include <iosfwd>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace replayssm::io {
 
 // DIR/.NAME.tmp-PID for DIR/NAME.
 std::string temp_path_for(const std::string& path);
 // fsync(tmp), rename(tmp, path), fsync(DIR). Throws std::runtime_error naming both paths.
-void commit_file(const std::string& tmp, const std::string& path);
+// replace_existing false: the rename refuses (atomically) when `path` exists, and tmp is kept.
+void commit_file(const std::string& tmp, const std::string& path, bool replace_existing = true);
 
 // Installs the SIGINT/SIGTERM/SIGHUP cleanup handlers and ignores SIGXFSZ (idempotent; the CLI
 // calls it at start-up). Without it temporaries are still removed on every C++ error path.
 void install_temp_cleanup_handlers();
 
 // One atomic output. The temporary is registered for signal cleanup while it exists.
+// replace_existing false: commit() refuses when the output exists by then (no clobbering even
+// when another process created it after the caller's own check).
 class AtomicFile {
  public:
-  explicit AtomicFile(std::string path);
+  explicit AtomicFile(std::string path, bool replace_existing = true);
   ~AtomicFile();  // removes the temporary unless committed
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -36,8 +40,12 @@ class AtomicFile {
   // Writes bytes to the temporary (created or appended); throws naming the file (ENOSPC, EFBIG...).
   void write(const void* data, std::size_t bytes);
   void write(std::string_view text) { write(text.data(), text.size()); }
-  // Closes the temporary if this object wrote it, then commit_file(tmp, path).
+  // Flushes the temporary to disk (fsync) and closes it if this object wrote it; idempotent. The
+  // step of a commit that can fail for lack of space, so commit_together() runs it first for all.
+  void sync();
+  // sync(), then commit_file(tmp, path).
   void commit();
+  bool committed() const { return committed_; }
   // Removes the temporary now (idempotent).
   void discard();
 
@@ -45,8 +53,16 @@ class AtomicFile {
   std::string path_, tmp_;
   int fd_ = -1;
   int slot_ = -1;
-  bool committed_ = false;
+  bool replace_existing_ = true, synced_ = false, committed_ = false;
+  friend void commit_together(const std::vector<AtomicFile*>& files);
 };
+
+// Commits several outputs as one result: every temporary is synced first (so a full disk fails
+// before any output is touched), then all are renamed with SIGINT/SIGTERM/SIGHUP held back, so an
+// interrupt cannot leave some renamed and others not. If a rename still fails (an output that
+// must not be replaced appeared meanwhile), the outputs this call had created are removed again
+// and the error names them; replaced files cannot be restored, which the error then says.
+void commit_together(const std::vector<AtomicFile*>& files);
 
 // Writes the whole of `bytes` to `path` atomically.
 void write_file_atomically(const std::string& path, const void* data, std::size_t bytes);
