@@ -22,7 +22,7 @@ for model in data/models/*/; do
   model=${model%/}
   [ -f "$model/config.json" ] || continue
   for policy in conv:fp32 split:nvfp4/fp32@16; do
-    line=$("$BIN" logits "$model" --tokens "$tmp/ids.npy" --policy "$policy" --out "$tmp/lp.npy" 2>&1 | grep -o '[0-9.]* tokens/s' || echo "failed")
+    line=$("$BIN" logits "$model" --tokens "$tmp/ids.npy" --policy "$policy" --out "$tmp/lp.npy" --force 2>&1 | grep -o '[0-9.]* tokens/s' || echo "failed")
     printf '%-28s %-22s %s\n' "$(basename "$model")" "$policy" "$line"
   done
 done

@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
       "replayssm — study SSM layers (Mamba-2, Gated DeltaNet, KDA) whose recurrent state is stored in low\n"
       "precision and decoded the ReplaySSM way (checkpoint + buffer of recent inputs, flushed every L steps).\n"
       "Number formats are bit-exact to CUDA's conversions and to Transformer Engine's NVFP4 recipe."};
-  app.set_version_flag("--version", replayssm::version_string(), "Print the toolkit version and git commit");
+  app.set_version_flag("--version", replayssm::version_string() + "\nhost ISA " + replayssm::build_host_isa(),
+                       "Print the toolkit version, git commit and host instruction set");
   app.require_subcommand(1);
   replayssm::cli::register_quantize(app);
   replayssm::cli::register_formats(app);
