@@ -13,4 +13,5 @@ Modules follow the data flow text -> tokens -> model -> logits -> KL -> HDF5 -> 
     tables         the RTN-vs-SR table (paper table 11)
     plot           figures: KL vs length, window sweep (needs matplotlib)
     bench          flash-linear-attention decode timings (needs the `bench` extra, a GPU)
+    files          atomic writes (temporary, fsync, rename) for every output
 """

@@ -31,8 +31,6 @@ class Tokenizer:
     pipeline) and, when present, tokenizer_config.json (class name, BOS token)."""
 
     def __init__(self, source):
-        import tokenizers
-
         path = pathlib.Path(source)
         if path.is_dir():
             json_path = path / "tokenizer.json"
@@ -44,6 +42,11 @@ class Tokenizer:
         else:
             raise TokenizerError(f"{source}: no such file or folder; --tokenizer takes a model folder with a "
                                  "tokenizer.json, that file itself, or 'bytes'")
+        try:
+            import tokenizers
+        except ImportError:
+            raise TokenizerError(f"--tokenizer {source}: the tokenizers package is not installed (pip install "
+                                 "tokenizers; scripts/setup.sh installs it)") from None
         try:
             self.backend = tokenizers.Tokenizer.from_file(str(json_path))
         except Exception as e:  # the Rust parser raises its own exception type

@@ -370,6 +370,9 @@ def test_tokenizer_errors_name_the_file(tmp_path):
     empty.mkdir()
     r = run([TOKENIZE, "--text-dir", text, "--tokenizer", empty, "--out", tmp_path / "o"])
     assert r.returncode == 2 and f"{empty}: no tokenizer.json in it" in r.stderr, r.stderr
+    r = run([TOKENIZE, "--text-dir", text, "--tokenizer", tmp_path / "missing", "--out", tmp_path / "o"])
+    assert r.returncode == 2 and f"{tmp_path / 'missing'}: no such file or folder" in r.stderr, r.stderr
+    pytest.importorskip("tokenizers")
     (empty / "tokenizer.json").write_text("{not json")
     r = run([TOKENIZE, "--text-dir", text, "--tokenizer", empty, "--out", tmp_path / "o"])
     assert r.returncode == 2 and f"{empty / 'tokenizer.json'}: not a tokenizers file" in r.stderr, r.stderr

@@ -117,7 +117,8 @@ def test_hostile_books_strip_as_documented():
     body = {n: text.strip_gutenberg(raw, n) for n, raw in books.items()}
     assert body["a_crlf_bom.txt"][1:] == (True, True)
     assert b"\r" not in body["a_crlf_bom.txt"][0] and not body["a_crlf_bom.txt"][0].startswith(b"\xef")
-    assert body["b_two_line_marker.txt"][0].startswith(b"alpha") or not body["b_two_line_marker.txt"][0].startswith(b"TITLE")
+    b = body["b_two_line_marker.txt"]
+    assert b[1:] == (True, True) and not b[0].startswith((b"TITLE", b"header")) and b"END OF" not in b[0]
     assert body["c_small_print.txt"][1:] == (True, True) and b"SMALL PRINT" not in body["c_small_print.txt"][0]
     assert body["d_no_marker.txt"][1:] == (False, False) and not body["d_no_marker.txt"][0].startswith(b"\n")
     assert b"lone\rcarriage\r" in body["e_high_bytes.txt"][0]  # a CR without LF is text
@@ -220,3 +221,16 @@ def test_scripts_hold_no_copy_of_package_code():
         imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("replayssm_py")]
         assert imports, f"{p.name} does not use replayssm_py"
         assert _defined(tree) & package <= {"main"}, f"{p.name} defines {_defined(tree) & package} again"
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("--books", "-1", "--books must be >= 0, got -1"),  # once: all books
+    ("--byte-offset", "-3", "--byte-offset must be >= 0, got -3"),  # once: negative ids written
+    ("--byte-offset", "2147483400", "--byte-offset 2147483400: byte ids up to 2147483655 do not fit int32"),
+])
+def test_tokenize_rejects_bad_numbers(tmp_path, option, value, message):
+    (tmp_path / "1.txt").write_bytes(bytes(range(1, 256)) + b"\n")
+    r = run_script("tokenize_text.py", "--text-dir", tmp_path, "--tokenizer", "bytes", "--out", tmp_path / "o",
+                   option, value)
+    assert r.returncode == 2 and f"tokenize_text.py: {message}" in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
