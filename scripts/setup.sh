@@ -8,7 +8,6 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake pkg-config git
   libeigen3-dev libboost-dev libhdf5-dev libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev libtomlplusplus-dev)
-PIP_PACKAGES=(numpy h5py matplotlib ml_dtypes jupyter nbconvert nbformat ipykernel pytest)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -24,9 +23,23 @@ else
 fi
 
 PY=${PYTHON:-python3}
-if ! "$PY" -c "import numpy, h5py, matplotlib, ml_dtypes, nbconvert, nbformat, pytest" >/dev/null 2>&1; then
-  echo "[setup] pip install ${PIP_PACKAGES[*]}"
-  "$PY" -m pip install -q "${PIP_PACKAGES[@]}"
+# The Python side: this checkout's replayssm_py package, editable, with the test and plot extras
+# (pyproject.toml; tokenizers is a base dependency). Reinstalled when it is missing, lacks a
+# dependency, or is installed from another checkout.
+if ! "$PY" - >/dev/null 2>&1 <<'PYCHECK'
+import pathlib
+import h5py, ipykernel, matplotlib, ml_dtypes, nbconvert, nbformat, numpy, pytest, tokenizers  # noqa: F401
+import replayssm_py
+assert pathlib.Path(replayssm_py.__file__).resolve().parent == pathlib.Path("python/replayssm_py").resolve()
+PYCHECK
+then
+  PIP_FLAGS=(-q)
+  # Debian's own python3 is "externally managed" (PEP 668): its pip refuses to install without this.
+  if "$PY" -c 'import pathlib, sys, sysconfig; sys.exit(not pathlib.Path(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED").exists())'; then
+    PIP_FLAGS+=(--break-system-packages)
+  fi
+  echo "[setup] pip install -e '.[test,plot]'"
+  "$PY" -m pip install "${PIP_FLAGS[@]}" -e '.[test,plot]'
 else
   echo "[setup] python packages present"
 fi

@@ -1,29 +1,24 @@
-"""Checks for scripts/make_format_goldens.py and the golden file it writes.
+"""Checks for replayssm_py.formats (the independent numpy + ml_dtypes model of the number formats)
+and the golden file scripts/make_format_goldens.py writes from it.
 
 Run:  python3 -m pytest -q tests/python/test_format_goldens_script.py
 """
 
-import importlib.util
 import json
 import pathlib
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+from replayssm_py import formats as g
+from replayssm_py import goldens
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "make_format_goldens.py"
 GOLDEN = ROOT / "data" / "goldens" / "formats_v1.json"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("make_format_goldens", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-g = _load_script()
 F32 = np.float32
 
 
@@ -259,7 +254,9 @@ def test_float32_subnormals_are_not_flushed():
 
 def test_golden_file_is_current(tmp_path):
     out = tmp_path / "formats_v1.json"
-    assert g.main(["-o", str(out)]) == 0
+    r = subprocess.run([sys.executable, str(SCRIPT), "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "80 cases" in r.stdout and [p.name for p in tmp_path.iterdir()] == ["formats_v1.json"]
     assert GOLDEN.exists(), "run: python3 scripts/make_format_goldens.py"
     assert out.read_bytes() == GOLDEN.read_bytes(), \
         "golden out of date: python3 scripts/make_format_goldens.py"
@@ -267,7 +264,8 @@ def test_golden_file_is_current(tmp_path):
 
 def test_golden_file_structure():
     d = json.loads(GOLDEN.read_text())
-    assert d["format_version"] == 1 and d["numpy_seed"] == g.NUMPY_SEED
+    assert d["format_version"] == 1 and d["numpy_seed"] == goldens.NUMPY_SEED
+    assert d["generator"] == "scripts/make_format_goldens.py"
     assert GOLDEN.stat().st_size < 1_600_000
     names = [c["name"] for c in d["cases"]]
     assert len(names) == len(set(names))

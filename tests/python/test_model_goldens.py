@@ -2,7 +2,6 @@
 scripts/make_goldens.py with transformers' own classes): architecture summary, and the FP32
 teacher-forced log-probabilities against transformers'."""
 import json
-import pathlib
 import subprocess
 
 import numpy as np

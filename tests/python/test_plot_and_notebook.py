@@ -1,7 +1,7 @@
 """KL-sweep results in Python: the documented HDF5 schema read with h5py (a file built here and one
-written by the C++ sweep), scripts/plot_kl.py (all three kinds), notebooks/kl_vs_length.ipynb run
-with nbconvert, and scripts/tokenize.py (byte-level and a real Hugging Face tokenizer)."""
-import importlib.util
+written by the C++ sweep), replayssm_py.results and scripts/plot_kl.py (all three kinds),
+notebooks/kl_vs_length.ipynb run with nbconvert, and scripts/tokenize_text.py (byte-level and a
+tokenizer.json read with the tokenizers package)."""
 import json
 import os
 import pathlib
@@ -12,20 +12,13 @@ import h5py
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from conftest import ROOT, checkout_env
+from replayssm_py import results as kl_results
+from replayssm_py import text as gutenberg
+
 PLOT = ROOT / "scripts" / "plot_kl.py"
-TOKENIZE = ROOT / "scripts" / "tokenize.py"
+TOKENIZE = ROOT / "scripts" / "tokenize_text.py"
 NOTEBOOK = ROOT / "notebooks" / "kl_vs_length.ipynb"
-
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-plot_kl = _load("plot_kl_under_test", PLOT)
 
 
 def length_bucket_edges(n):
@@ -150,7 +143,8 @@ def make_results(path, n=131072, books=2, windows=(16,), seed=0):
 
 
 def run(args, **kw):
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=600, **kw)
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=600,
+                          env=checkout_env(), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -158,26 +152,27 @@ def paper_like(tmp_path_factory):
     return make_results(tmp_path_factory.mktemp("kl") / "results.h5", windows=(4, 16, 64))
 
 
-def test_standard_tokenize_is_not_shadowed():
-    # conftest.py puts scripts/ first on sys.path, where scripts/tokenize.py lives.
-    import tokenize
-    assert hasattr(tokenize, "open") and hasattr(tokenize, "detect_encoding")
+def test_no_script_shadows_a_standard_module():
+    """scripts/ is first on sys.path when a script runs (and in conftest.py): a script named like a
+    standard module (scripts/tokenize.py once) replaces it for numpy, inspect, linecache, torch."""
+    clashes = sorted(p.name for p in (ROOT / "scripts").glob("*.py") if p.stem in sys.stdlib_module_names)
+    assert clashes == []
     r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import tokenize, linecache; "
-                        "assert hasattr(tokenize, 'open'), tokenize.__file__" % str(ROOT / "scripts")],
+                        "assert hasattr(tokenize, 'detect_encoding'), tokenize.__file__" % str(ROOT / "scripts")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
 def test_load_results_and_policy_names(paper_like):
-    res = plot_kl.load_results(paper_like)
+    res = kl_results.load_results(paper_like)
     assert res["n_positions"] == 131072
     assert [c["policy"] for c in res["configs"]][:3] == ["shared:fp16+sr@4", "shared:fp16+sr@16", "shared:fp16+sr@64"]
     assert list(res["edges"]) == [0, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
-    p = plot_kl.parse_policy("split:nvfp4+rtn/fp16+sr@16,seed=2")
+    p = kl_results.parse_policy("split:nvfp4+rtn/fp16+sr@16,seed=2")
     assert p == {"scheme": "split", "read": ("nvfp4", "rtn"), "recur": ("fp16", "sr"), "window": 16, "seed": 2,
                  "family": "split:nvfp4+rtn/fp16+sr"}
-    assert plot_kl.pretty_name("split:nvfp4+rtn/fp32@16") == "separate: NVFP4+RTN read / FP32 recur, L=16"
-    assert plot_kl.pretty_name("shared:fp8b128+sr@16") == "shared: FP8+SR, L=16"
+    assert kl_results.pretty_name("split:nvfp4+rtn/fp32@16") == "separate: NVFP4+RTN read / FP32 recur, L=16"
+    assert kl_results.pretty_name("shared:fp8b128+sr@16") == "shared: FP8+SR, L=16"
 
 
 def test_plot_length_window_and_table(paper_like, tmp_path):
@@ -216,7 +211,7 @@ def test_plot_errors_are_messages(tmp_path):
 
 def test_notebook_executes(paper_like, tmp_path):
     out = tmp_path / "nb.ipynb"
-    env = dict(os.environ, REPLAYSSM_RESULTS=str(paper_like))
+    env = checkout_env(REPLAYSSM_RESULTS=str(paper_like))
     r = subprocess.run(["jupyter", "nbconvert", "--to", "notebook", "--execute", str(NOTEBOOK), "--output",
                         str(out), "--ExecutePreprocessor.timeout=300"], capture_output=True, text=True, env=env,
                        timeout=600)
@@ -304,15 +299,13 @@ GUTENBERG = ("The Project Gutenberg EBook of T\r\n\r\n*** START OF THIS PROJECT 
 
 
 def test_tokenize_bytes_and_manifest(tmp_path):
-    tok = _load("tokenize_under_test", TOKENIZE)
     text = tmp_path / "text"
     text.mkdir()
     (text / "2.txt").write_bytes(("\ufeff" + GUTENBERG.format(body="Second book.")).encode())
     (text / "1.txt").write_bytes(GUTENBERG.format(body="First book, caf\u00e9.").encode())
     (text / "SOURCES.txt").write_text("not a book")
-    body, header, footer = tok.strip_gutenberg((text / "1.txt").read_bytes())
+    body, header, footer = gutenberg.strip_gutenberg((text / "1.txt").read_bytes())
     assert body == "First book, caf\u00e9.\n".encode() and header and footer
-    assert tok.fnv1a64(b"") == 0xCBF29CE484222325 and tok.fnv1a64(b"foobar") == 0x85944171F73967E8
     out = tmp_path / "tok"
     r = run([TOKENIZE, "--text-dir", text, "--tokenizer", "bytes", "--byte-offset", "3", "--out", out])
     assert r.returncode == 0, r.stderr
@@ -321,22 +314,33 @@ def test_tokenize_bytes_and_manifest(tmp_path):
     assert [b["source"] for b in m["books"]] == ["1.txt", "2.txt"]
     ids = np.load(out / "1.npy")
     assert ids.dtype == np.int32 and bytes((ids - 3).astype(np.uint8)) == body
-    assert m["books"][0]["text_fnv1a64"] == f"{tok.fnv1a64(body):016x}"
+    assert m["books"][0]["text_fnv1a64"] == f"{gutenberg.fnv1a64(body):016x}"
+    assert sorted(p.name for p in out.iterdir()) == ["1.npy", "2.npy", "manifest.json"]  # no temporaries
     r = run([TOKENIZE, "--text-dir", tmp_path / "nothing", "--tokenizer", "bytes", "--out", out])
-    assert r.returncode != 0 and "no text found in" in r.stderr and "pg19/test" in r.stderr
+    assert r.returncode == 2 and "no text found in" in r.stderr and "pg19/test" in r.stderr
 
 
-def test_tokenize_with_a_hugging_face_tokenizer(tmp_path):
-    transformers = pytest.importorskip("transformers")
+def save_word_tokenizer(model_dir, bos="<s>"):
+    """A small word-level tokenizer saved as a model folder ships one: tokenizer.json (+ config)."""
     tokenizers = pytest.importorskip("tokenizers")
-    # A small word-level tokenizer saved the way a model checkpoint ships it (tokenizer.json).
     words = "first second book , . caf\u00e9".split()
     vocab = {"[UNK]": 0, "<s>": 1, **{w: i + 2 for i, w in enumerate(words)}}
     core = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     core.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", bos_token="<s>")
+    model_dir.mkdir()
+    core.save(str(model_dir / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]"}
+    if bos is not None:
+        config["bos_token"] = bos
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    return core, vocab
+
+
+def test_tokenize_with_a_tokenizer_json(tmp_path):
+    """Only the tokenizers package is needed; where transformers is installed its fast tokenizer, loaded
+    from the same folder, gives the same ids."""
     model_dir = tmp_path / "model"
-    fast.save_pretrained(model_dir)
+    core, vocab = save_word_tokenizer(model_dir, bos={"content": "<s>", "special": True})
     text = tmp_path / "text"
     text.mkdir()
     (text / "1.txt").write_bytes(GUTENBERG.format(body="First book, caf\u00e9. Unknown").encode())
@@ -345,11 +349,42 @@ def test_tokenize_with_a_hugging_face_tokenizer(tmp_path):
     assert r.returncode == 0, r.stderr
     m = json.loads((out / "manifest.json").read_text())
     assert m["tokenizer"] == str(model_dir) and m["add_bos"] and m["bos_token_id"] == 1
+    assert m["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert m["vocab_size"] == len(vocab) and m["books"][0]["encoding"] == "utf-8"
     ids = np.load(out / "1.npy")
-    expected = [1] + fast("First book, caf\u00e9. Unknown\n", add_special_tokens=False)["input_ids"]
-    assert ids.tolist() == expected
+    assert ids.tolist() == [1] + core.encode("First book, caf\u00e9. Unknown\n", add_special_tokens=False).ids
     assert ids.tolist() == [1, 0, 4, 5, 7, 6, 0]  # "First" is not "first": [UNK]
+    try:
+        import transformers
+    except ImportError:
+        return
+    fast = transformers.AutoTokenizer.from_pretrained(model_dir)
+    assert ids.tolist()[1:] == fast("First book, caf\u00e9. Unknown\n", add_special_tokens=False)["input_ids"]
+
+
+def test_tokenizer_errors_name_the_file(tmp_path):
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "1.txt").write_bytes(GUTENBERG.format(body="first book").encode())
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run([TOKENIZE, "--text-dir", text, "--tokenizer", empty, "--out", tmp_path / "o"])
+    assert r.returncode == 2 and f"{empty}: no tokenizer.json in it" in r.stderr, r.stderr
+    r = run([TOKENIZE, "--text-dir", text, "--tokenizer", tmp_path / "missing", "--out", tmp_path / "o"])
+    assert r.returncode == 2 and f"{tmp_path / 'missing'}: no such file or folder" in r.stderr, r.stderr
+    pytest.importorskip("tokenizers")
+    (empty / "tokenizer.json").write_text("{not json")
+    r = run([TOKENIZE, "--text-dir", text, "--tokenizer", empty, "--out", tmp_path / "o"])
+    assert r.returncode == 2 and f"{empty / 'tokenizer.json'}: not a tokenizers file" in r.stderr, r.stderr
+    no_bos = tmp_path / "no_bos"
+    save_word_tokenizer(no_bos, bos=None)
+    r = run([TOKENIZE, "--text-dir", text, "--tokenizer", no_bos, "--out", tmp_path / "o", "--add-bos"])
+    assert r.returncode == 2 and "--add-bos: tokenizer" in r.stderr and "has no BOS token" in r.stderr, r.stderr
+    bad_bos = tmp_path / "bad_bos"
+    save_word_tokenizer(bad_bos, bos="<bos>")
+    r = run([TOKENIZE, "--text-dir", text, "--tokenizer", bad_bos, "--out", tmp_path / "o"])
+    assert r.returncode == 2 and "tokenizer_config.json: field bos_token '<bos>' is not in the vocabulary" in r.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_experiment_configs_parse(tmp_path):

@@ -1,12 +1,12 @@
-"""scripts/train_tiny.py: Gutenberg stripping, the PG-19 test-set refusal, and a few training steps of both
-architectures on the CPU (tiny preset, synthetic books, temporary folders).
+"""scripts/train_tiny.py and replayssm_py.train: Gutenberg stripping of training-shaped books, the PG-19
+test-set refusal, option checks, and a few training steps of both architectures on the CPU (tiny preset,
+synthetic books, temporary folders).
 
 The stripping and refusal tests need only the standard library. The training tests need torch and
 transformers; without them they are skipped with the reason shown (pytest -rs). Run:
     python3 -m pytest -q -rs tests/python/test_train_tiny.py
 """
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -18,24 +18,12 @@ import sys
 
 import pytest
 
-from conftest import ROOT, replayssm_binary
+from conftest import ROOT, checkout_env, replayssm_binary
+from replayssm_py import text
+from replayssm_py import train as tt
 
 SCRIPT = ROOT / "scripts" / "train_tiny.py"
 SHARED = ROOT.parent / "shared" / "data"
-
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tt = _load("train_tiny", SCRIPT)
-
-
-def _have(*mods):
-    return all(importlib.util.find_spec(m) is not None for m in mods)
 
 
 def _torch_problem():
@@ -112,7 +100,7 @@ def make_dirs(tmp_path, n_train=3, train_words=6000):
 
 
 def run_script(args, timeout=120):
-    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    env = checkout_env(PYTHONHASHSEED="0", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
 
@@ -124,34 +112,22 @@ def run_script(args, timeout=120):
 def test_strip_gutenberg_keeps_exactly_the_body(crlf, bom, two_line, small_footer):
     raw, body = fake_book(7, 500, "A Title", crlf=crlf, bom=bom, two_line_marker=two_line,
                           small_footer=small_footer)
-    out = tt.strip_gutenberg(raw)
-    assert out == body
+    out, header, footer = text.strip_gutenberg(raw)
+    assert out == body and header and footer
     assert b"\r" not in out and not out.startswith(b"\xef\xbb\xbf") and b"GUTENBERG" not in out.upper()
 
 
 def test_strip_gutenberg_edge_cases():
-    assert tt.strip_gutenberg(b"\n\n  \nplain text\r\nno markers\n\n") == b"plain text\nno markers\n"
-    with pytest.raises(tt.DataError, match="footer but no"):
-        tt.strip_gutenberg(b"text\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\n")
-    with pytest.raises(tt.DataError, match="no text left"):
-        tt.strip_gutenberg(b"*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\n*** END OF THE PROJECT GUTENBERG "
-                           b"EBOOK X ***\n")
+    assert text.strip_gutenberg(b"\n\n  \nplain text\r\nno markers\n\n") == \
+        (b"plain text\nno markers\n", False, False)
+    with pytest.raises(text.TextError, match=r"^book.txt: has a Project Gutenberg footer .* but no \"\*\*\* START OF"):
+        text.strip_gutenberg(b"text\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\n", "book.txt")
+    with pytest.raises(text.TextError, match=r"^b.txt: empty after removing the Project Gutenberg header and footer "
+                                             r"\(header marker found, footer marker found\)"):
+        text.strip_gutenberg(b"*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\n*** END OF THE PROJECT GUTENBERG "
+                             b"EBOOK X ***\n", "b.txt")
     # a marker that never closes: the body starts on the line after it
-    assert tt.strip_gutenberg(b"h\n*** START OF THE PROJECT GUTENBERG EBOOK X\n\nbody\n") == b"body\n"
-
-
-def test_strip_gutenberg_agrees_with_tokenize_script():
-    """Same bytes as scripts/tokenize.py (and so the C++ reader's gutenberg-v1), on fakes and, when present,
-    every shared Gutenberg book."""
-    if not (ROOT / "scripts" / "tokenize.py").exists() or not _have("numpy"):
-        pytest.skip("scripts/tokenize.py or numpy not available")
-    tk = _load("replayssm_tokenize_for_train_tiny", ROOT / "scripts" / "tokenize.py")
-    raws = [fake_book(s, 300, "T", crlf=s % 2 == 0, bom=s % 3 == 0, two_line_marker=s % 2 == 1)[0] for s in range(6)]
-    for d in (SHARED / "gutenberg-train", SHARED / "pg19" / "test"):
-        if d.is_dir():
-            raws += [p.read_bytes() for p in tt.list_books(d)]
-    for raw in raws:
-        assert tt.strip_gutenberg(raw) == tk.strip_gutenberg(raw)[0]
+    assert text.strip_gutenberg(b"h\n*** START OF THE PROJECT GUTENBERG EBOOK X\n\nbody\n")[0] == b"body\n"
 
 
 # ---- never the PG-19 test books ---------------------------------------------------------------------------
@@ -199,6 +175,33 @@ def test_schedule_and_command_helpers():
     assert lrs[-1] == pytest.approx(1e-4)
     assert tt.with_option(["--steps", "5", "--seed=3", "--minutes=2"], "--minutes", "0") == \
         ["--steps", "5", "--seed=3", "--minutes", "0"]
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("--minutes", "nan", "--minutes must be a finite number >= 0 (0: no budget), got nan"),
+    ("--minutes", "-1", "--minutes must be a finite number >= 0 (0: no budget), got -1.0"),
+    ("--lr", "nan", "--lr must be a finite number > 0, got nan"),
+    ("--lr", "0", "--lr must be a finite number > 0, got 0.0"),
+    ("--weight-decay", "inf", "--weight-decay must be a finite number >= 0, got inf"),
+    ("--eval-chunk", "0", "--eval-chunk must be positive, got 0"),
+    ("--eval-chunk", "-5", "--eval-chunk must be positive, got -5"),
+    ("--seq-len", "0", "--seq-len must be positive, got 0"),
+])
+def test_rejects_bad_numbers(tmp_path, option, value, message):
+    """A NaN budget once meant no budget, --eval-chunk 0 silently meant --seq-len and a negative one an
+    evaluation that predicted nothing (0 bits per byte): all refused before any work, naming the option."""
+    train, pg19 = make_dirs(tmp_path, n_train=1, train_words=200)
+    r = run_script(["--arch", "mamba2", "--train-dir", train, "--pg19-dir", pg19, "--out", tmp_path / "o",
+                    option, value])
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_train_dir_is_named(tmp_path):
+    r = run_script(["--arch", "mamba2", "--train-dir", tmp_path / "nope", "--pg19-dir", tmp_path / "pg19",
+                    "--out", tmp_path / "o"])
+    assert r.returncode == 2, r.stderr
+    assert f"no text found in {tmp_path / 'nope'}: the directory does not exist; point --train-dir" in r.stderr
 
 
 # ---- training on the CPU ----------------------------------------------------------------------------------
@@ -258,8 +261,8 @@ def test_checkpoint_reloads_with_transformers(trained, arch):
     assert type(model).__name__ == config["architectures"][0]
     log = json.loads((out / "train_log.json").read_text())
     assert sum(p.numel() for p in model.parameters()) == log["parameters"]
-    text = tt.strip_gutenberg((pg19 / "10321.txt").read_bytes())[:1500]
-    ids = torch.tensor(list(text))[None]
+    body = text.strip_book(pg19 / "10321.txt")[:1500]
+    ids = torch.tensor(list(body))[None]
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=False).logits
     assert logits.shape == (1, ids.shape[1], 256) and torch.isfinite(logits).all()
@@ -393,7 +396,7 @@ def test_trained_checkpoint_runs_in_replayssm(trained, tmp_path):
     if not exe.exists():
         pytest.skip(f"{exe} not built")
     runs, pg19 = trained
-    ids = np.frombuffer(tt.strip_gutenberg((pg19 / "10146.txt").read_bytes())[:300], np.uint8).astype(np.int32)
+    ids = np.frombuffer(text.strip_book(pg19 / "10146.txt")[:300], np.uint8).astype(np.int32)
     np.save(tmp_path / "ids.npy", ids)
     for arch in ("mamba2", "qwen3_5"):
         out = runs[arch][0]

@@ -1,0 +1,228 @@
+"""Figures from a loaded result file (replayssm_py.results.load_results), with matplotlib.
+
+KL vs length: mean KL over the positions of each length bucket, pooled over books, on log axes;
+separate-precision (split) configurations are solid blue-green lines, shared checkpoints dashed warm
+colours, conventional decode dotted grey. Non-finite positions (NaN/Inf, e.g. an overflowed RTN
+state) are left out of the means and counted in the legend.
+"""
+import numpy as np
+
+from .results import length_label, parse_policy, pretty_name, select
+
+_SPLIT_COLOURS = ["#1f4e9c", "#2a9d8f", "#5e60ce", "#0081a7", "#3a86ff", "#264653"]
+_SHARED_COLOURS = ["#e76f51", "#d62828", "#f4a261", "#bc4749", "#ff7b00", "#9d0208"]
+_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
+def percent(count, total):
+    """count/total as a percentage that never reads wrong: '100%' only when every position is
+    counted, '0%' only when none, '<0.01%' below that resolution."""
+    if total <= 0 or count < 0 or count > total:
+        raise ValueError(f"percent: count {count} of total {total} is not a fraction")
+    if count == total:
+        return "100%"
+    if count == 0:
+        return "0%"
+    pct = 100.0 * count / total
+    if pct < 0.01:
+        return "<0.01%"
+    return f"{min(pct, 99.99):.2f}".rstrip("0").rstrip(".") + "%"
+
+
+def _styles(configs):
+    counters = {"split": 0, "shared": 0, "conv": 0}
+    out = []
+    for i, c in enumerate(configs):
+        scheme = c["info"]["scheme"]
+        k = counters.get(scheme, 0)
+        counters[scheme] = k + 1
+        if scheme == "split":
+            st = dict(color=_SPLIT_COLOURS[k % len(_SPLIT_COLOURS)], linestyle="-", linewidth=2.2)
+        elif scheme == "shared":
+            st = dict(color=_SHARED_COLOURS[k % len(_SHARED_COLOURS)], linestyle="--", linewidth=1.8)
+        else:
+            st = dict(color=str(0.25 + 0.15 * (k % 4)), linestyle=":", linewidth=1.8)
+        st["marker"] = _MARKERS[i % len(_MARKERS)]
+        st["markersize"] = 4
+        out.append(st)
+    return out
+
+
+def _x_of(edges):
+    return edges[1:].astype(float)
+
+
+def _length_axis(ax, x):
+    """Log2 length axis with a tick per bucket end; a last bucket ending close to the previous
+    power of two (N not a power of two) keeps only the label of N."""
+    from matplotlib.ticker import NullLocator
+
+    ax.set_xscale("log", base=2)
+    labels = [length_label(v) for v in x]
+    if len(x) >= 2 and x[-1] / x[-2] < 1.5:
+        labels[-2] = ""
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, rotation=0 if len(x) <= 10 else 45)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_yscale("log")
+
+
+def legend_label(c):
+    """The policy's readable name, with its non-finite positions and a note when KL is 0."""
+    label = pretty_name(c["policy"])
+    if c["nonfinite_positions"]:
+        label += f"  [{c['nonfinite_positions']} non-finite, {percent(c['nonfinite_positions'], c['positions'])}]"
+    if c["mean_kl"] == 0:
+        label += "  (KL = 0: not on a log axis)"
+    return label
+
+
+def plot_kl_vs_length(results, ax=None, configs=None, title=None):
+    """KL vs length (log-log), one curve per configuration. Returns the matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    chosen = select(results, configs)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(11, 8), constrained_layout=True)
+    else:
+        fig = ax.figure
+    x = _x_of(results["edges"])
+    for c, st in zip(chosen, _styles(chosen)):
+        y = np.asarray(c["bucket_mean"], dtype=float)
+        y = np.where(y > 0, y, np.nan)
+        ax.plot(x, y, label=legend_label(c), **st)
+        # Where every position of a bucket is non-finite (an overflowed state) the curve stops: an
+        # 'x' on its last finite point marks that.
+        empty = np.nonzero(np.asarray(c["bucket_count"]) == 0)[0]
+        finite = np.nonzero(np.isfinite(y))[0]
+        if c["nonfinite_positions"] and empty.size and finite.size and empty[0] > finite[0]:
+            last = finite[finite < empty[0]][-1]
+            ax.plot([x[last]], [y[last]], linestyle="none", marker="x", color=st["color"], markersize=10,
+                    markeredgewidth=2)
+    _length_axis(ax, x)
+    ax.set_xlabel("sequence length (tokens): mean over the positions of each bucket (previous edge, edge]")
+    ax.set_ylabel(r"$D_{KL}(p_{FP32} \,\|\, p_{config})$")
+    a = results["attrs"]
+    ax.set_title(title or f"Teacher-forced KL vs FP32 conventional decode — {a.get('model_description', '')}\n"
+                          f"{len(results['books'])} books, N = {results['n_positions']}", fontsize=11)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False,
+              title="solid: separate precisions (split)    dashed: shared checkpoint    dotted: conventional;"
+                    "  x: the state overflowed (NaN/Inf) after this point", title_fontsize=8)
+    return fig
+
+
+def plot_window_sweep(results, configs=None, title=None):
+    """Window sweep (paper fig. 13): left, KL vs length per (family, L); right, mean KL of the
+    longest bucket against L per family (split solid, shared dashed). Returns the Figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    chosen = select(results, configs)
+    fams = {}
+    for c in chosen:
+        fams.setdefault(c["info"]["family"] + (f",seed={c['info']['seed']}" if c["info"]["seed"] else ""), []).append(c)
+    windows = sorted({c["info"]["window"] for c in chosen if c["info"]["window"] and c["info"]["scheme"] != "conv"})
+    cmap = plt.get_cmap("viridis")
+    wcol = {L: cmap(i / max(1, len(windows) - 1)) for i, L in enumerate(windows)}
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(14, 5.5), constrained_layout=True)
+    x = _x_of(results["edges"])
+    famstyle, famcolour, counters = {}, {}, {"split": 0, "shared": 0, "conv": 0}
+    for i, fam in enumerate(fams):
+        scheme = parse_policy(fam.split(",")[0] + "@1")["scheme"]
+        famstyle[fam] = dict(linestyle="-" if scheme == "split" else "--" if scheme == "shared" else ":",
+                             marker=_MARKERS[i % len(_MARKERS)])
+        k = counters.get(scheme, 0)
+        counters[scheme] = k + 1
+        famcolour[fam] = (_SPLIT_COLOURS[k % len(_SPLIT_COLOURS)] if scheme == "split" else
+                          _SHARED_COLOURS[k % len(_SHARED_COLOURS)] if scheme == "shared" else "0.4")
+    for fam, cs in fams.items():
+        for c in sorted(cs, key=lambda c: c["info"]["window"] or 0):
+            y = np.asarray(c["bucket_mean"], dtype=float)
+            colour = "0.4" if c["info"]["scheme"] == "conv" else wcol.get(c["info"]["window"], "k")
+            ax0.plot(x, np.where(y > 0, y, np.nan), color=colour, markersize=3,
+                     linewidth=1.5, **famstyle[fam])
+    _length_axis(ax0, x)
+    ax0.set_xlabel("sequence length (tokens)")
+    ax0.set_ylabel(r"$D_{KL}(p_{FP32} \,\|\, p_{config})$")
+    ax0.grid(True, which="both", alpha=0.3)
+
+    def family_name(fam):
+        return pretty_name(fam.split(",")[0] + "@0").replace(", L=0", "")
+
+    handles = [Line2D([], [], color=wcol[L], linewidth=2, label=f"L = {L}") for L in windows]
+    handles += [Line2D([], [], color="k", label=family_name(f), **famstyle[f]) for f in fams]
+    ax0.legend(handles=handles, fontsize=8, frameon=False)
+    ax0.set_title("KL vs length for each window L", fontsize=11)
+
+    last = len(results["edges"]) - 2
+    for fam, cs in fams.items():
+        cs = sorted((c for c in cs if c["info"]["window"] and c["info"]["scheme"] != "conv"),
+                    key=lambda c: c["info"]["window"])
+        if not cs:
+            continue
+        Ls = [c["info"]["window"] for c in cs]
+        ys = [c["bucket_mean"][last] if c["bucket_count"][last] else np.nan for c in cs]
+        ax1.plot(Ls, [y if y and y > 0 else np.nan for y in ys], color=famcolour[fam], markersize=6, linewidth=2,
+                 label=family_name(fam), **famstyle[fam])
+    ax1.set_xscale("log", base=2)
+    ax1.set_yscale("log")
+    ax1.set_xticks(windows)
+    ax1.set_xticklabels([str(L) for L in windows])
+    ax1.set_xlabel("window L (steps per flush)")
+    ax1.set_ylabel(f"mean KL at length {length_label(results['edges'][-1])}")
+    ax1.grid(True, which="both", alpha=0.3)
+    ax1.legend(fontsize=8, frameon=False)
+    ax1.set_title(f"KL of the longest bucket vs L (N = {results['n_positions']})", fontsize=11)
+    fig.suptitle(title or f"Window sweep — {results['attrs'].get('model_description', '')}", fontsize=12)
+    return fig
+
+
+def save_figure(fig, path, dpi=150):
+    """Writes the figure to a temporary beside path, then renames it over path (a reader never sees
+    half an image). The format comes from the suffix, which must be one matplotlib writes."""
+    import pathlib
+
+    from .files import write_atomically
+
+    path = pathlib.Path(path)
+    fmt = path.suffix.lstrip(".").lower()
+    supported = fig.canvas.get_supported_filetypes()
+    if fmt not in supported:
+        raise ValueError(f"{path}: the file suffix must name an image format ({', '.join('.' + k for k in sorted(supported))}), "
+                         f"got {path.suffix or 'none'}")
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format=fmt))
+
+
+KINDS = ("length", "window", "table")
+DEFAULT_OUTPUT = {"length": "kl.png", "window": "kl_window.png"}
+
+
+def write_report(results_path, kind="length", output=None, configs=None, lengths=None, title=None, dpi=150):
+    """What scripts/plot_kl.py does: a figure (kind length or window) written to output (default
+    kl.png / kl_window.png), or the table-11 text (kind table), returned and written to output if
+    given. Returns (text or None, output path or None). Raises ValueError / OSError with a message
+    that names the file."""
+    from . import tables
+    from .results import load_results
+
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+    results = load_results(results_path)
+    if not select(results, configs):
+        raise ValueError(f"{results_path}: no configuration matches {configs} "
+                         f"(it holds {', '.join(c['policy'] for c in results['configs'])})")
+    if kind == "table":
+        text = tables.format_table(*tables.rtn_vs_sr_table(results, lengths or tables.DEFAULT_LENGTHS, configs))
+        if output:
+            from .files import write_text_atomically
+            write_text_atomically(output, text + "\n")
+        return text, output
+    import matplotlib
+
+    matplotlib.use("Agg")
+    fig = (plot_kl_vs_length(results, configs=configs, title=title) if kind == "length"
+           else plot_window_sweep(results, configs=configs, title=title))
+    output = output or DEFAULT_OUTPUT[kind]
+    save_figure(fig, output, dpi=dpi)
+    return None, output

@@ -1,0 +1,605 @@
+"""Training the bundled byte-level models (scripts/train_tiny.py is the command; its help text says
+what a run makes): the PG-19 test-set refusal, model presets built with transformers' own classes, a
+chunked Mamba-2 scan in einsum form for training, the training loop, the bits-per-byte evaluation and
+the model card. torch and transformers are imported only inside the functions that need them (the
+`train` extra), so the data checks run without them.
+"""
+import contextlib
+import hashlib
+import json
+import math
+import os
+import pathlib
+import platform
+import shlex
+import sys
+import time
+
+from .files import write_text_atomically
+from .text import STRIP_VERSION, TextError, list_books, strip_book, strip_gutenberg
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_TRAIN_DIR = ROOT.parent / "shared" / "data" / "gutenberg-train"
+DEFAULT_PG19_DIR = ROOT.parent / "shared" / "data" / "pg19" / "test"
+MAX_CHECKPOINT_BYTES = 25 * 1000 * 1000
+EXIT_REFUSED = 2
+TRAIN_DIR_HINT = "point --train-dir at a folder of Project Gutenberg .txt books"
+PG19_DIR_HINT = "point --pg19-dir at the PG-19 test books"
+
+
+# ---- the text: never the PG-19 test books ---------------------------------------------------------------
+
+def check_not_pg19_test(train_dir, pg19_dir):
+    """Raises TextError if training on train_dir could mean training on the PG-19 test books."""
+    train = pathlib.Path(train_dir).resolve()
+    test = pathlib.Path(pg19_dir).resolve()
+    refuse = "refusing to train on the PG-19 test books"
+    if train == test or (train.name == "test" and train.parent.name == "pg19"):
+        raise TextError(f"{refuse}: --train-dir {train_dir} is the PG-19 test folder ({train})")
+    if not test.is_dir() or not train.is_dir():
+        return
+    test_books = {p.name.lower(): p for p in test.iterdir() if p.is_file()}
+    test_hashes = {hashlib.sha256(p.read_bytes()).hexdigest(): p.name for p in test_books.values()
+                   if p.suffix.lower() == ".txt"}
+    for p in sorted(train.iterdir()):
+        if not p.is_file():
+            continue
+        if p.name.lower() in test_books and p.suffix.lower() == ".txt":
+            raise TextError(f"{refuse}: {p} has the name of PG-19 test book {test_books[p.name.lower()]}")
+        if p.suffix.lower() == ".txt":
+            h = hashlib.sha256(p.read_bytes()).hexdigest()
+            if h in test_hashes:
+                raise TextError(f"{refuse}: {p} has the same contents as PG-19 test book {test_hashes[h]}")
+
+
+def load_training_text(train_dir, pg19_dir):
+    """(corpus bytes, per-book records). Checks the PG-19 exclusion first."""
+    check_not_pg19_test(train_dir, pg19_dir)
+    books, parts = [], []
+    for p in list_books(train_dir, hint=TRAIN_DIR_HINT):
+        raw = p.read_bytes()
+        body = strip_gutenberg(raw, str(p))[0]
+        books.append({"file": p.name, "raw_bytes": len(raw), "text_bytes": len(body)})
+        parts.append(body)
+    return b"\n".join(parts), books
+
+
+def load_eval_books(pg19_dir, n_bytes):
+    """[(name, first n_bytes of the stripped book)] or None when the folder is missing."""
+    if not pathlib.Path(pg19_dir).is_dir():
+        return None
+    books = [(p.name, strip_book(p)[:n_bytes]) for p in list_books(pg19_dir, hint=PG19_DIR_HINT)]
+    for name, text in books:
+        if len(text) < 2:
+            raise TextError(f"{pg19_dir}/{name}: fewer than 2 bytes of text to evaluate on")
+    return books
+
+
+# ---- model configurations ---------------------------------------------------------------------------
+
+def qwen_layer_types(n_layers, interval=4):
+    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
+
+
+PRESETS = {
+    # hidden 256, expand 2 -> 8 value heads of dv 64; 2 groups of B/C (key heads), dk 128.
+    ("mamba2", "default"): dict(
+        hidden_size=256, num_hidden_layers=6, expand=2, num_heads=8, head_dim=64, state_size=128, n_groups=2,
+        conv_kernel=4, chunk_size=64),
+    ("mamba2", "tiny"): dict(
+        hidden_size=32, num_hidden_layers=2, expand=2, num_heads=4, head_dim=16, state_size=32, n_groups=2,
+        conv_kernel=4, chunk_size=16),
+    # 8 layers GGG*GGG*; GDN: 2 key heads (dk 128), 4 value heads (dv 64); attention 4 heads / 2 kv heads of 64.
+    ("qwen3_5", "default"): dict(
+        hidden_size=256, num_hidden_layers=8, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128,
+        linear_value_head_dim=64, linear_conv_kernel_dim=4, layer_types=qwen_layer_types(8)),
+    ("qwen3_5", "tiny"): dict(
+        hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=32,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"]),
+}
+DEFAULT_LR = {"mamba2": 3e-3, "qwen3_5": 2e-3}
+
+
+def build_config(arch, preset, transformers):
+    p = dict(PRESETS[(arch, preset)])
+    if arch == "mamba2":
+        return transformers.Mamba2Config(
+            vocab_size=256, **p, use_bias=False, use_conv_bias=True, layer_norm_epsilon=1e-5,
+            initializer_range=0.02, tie_word_embeddings=False, pad_token_id=0, bos_token_id=None,
+            eos_token_id=None)
+    return transformers.Qwen3_5TextConfig(
+        vocab_size=256, **p, hidden_act="silu", rms_norm_eps=1e-6, initializer_range=0.02,
+        tie_word_embeddings=True, max_position_embeddings=131072, attention_bias=False, pad_token_id=None,
+        bos_token_id=None, eos_token_id=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+
+
+def build_model(arch, config, transformers):
+    cls = transformers.Mamba2ForCausalLM if arch == "mamba2" else transformers.Qwen3_5ForCausalLM
+    return cls(config)
+
+
+def layer_pattern(arch, config):
+    if arch == "mamba2":
+        return "M" * config.num_hidden_layers
+    return "".join("*" if t == "full_attention" else "G" for t in config.layer_types)
+
+
+def config_summary(arch, c):
+    """[(field, value)] for the card: the config keys the C++ loader reads."""
+    rows = [("model_type", c.model_type), ("vocab_size", c.vocab_size), ("hidden_size", c.hidden_size),
+            ("num_hidden_layers", c.num_hidden_layers), ("layer pattern", layer_pattern(arch, c))]
+    if arch == "mamba2":
+        rows += [("num_heads (value heads)", c.num_heads), ("head_dim (dv)", c.head_dim),
+                 ("state_size (dk)", c.state_size), ("n_groups (key heads)", c.n_groups), ("expand", c.expand),
+                 ("conv_kernel", c.conv_kernel), ("chunk_size", c.chunk_size),
+                 ("time_step_limit", list(c.time_step_limit)), ("layer_norm_epsilon", c.layer_norm_epsilon),
+                 ("tie_word_embeddings", c.tie_word_embeddings), ("pad_token_id", c.pad_token_id)]
+    else:
+        rp = c.rope_parameters or {}
+        rows += [("linear_num_key_heads", c.linear_num_key_heads),
+                 ("linear_num_value_heads", c.linear_num_value_heads),
+                 ("linear_key_head_dim (dk)", c.linear_key_head_dim),
+                 ("linear_value_head_dim (dv)", c.linear_value_head_dim),
+                 ("linear_conv_kernel_dim", c.linear_conv_kernel_dim),
+                 ("num_attention_heads", c.num_attention_heads), ("num_key_value_heads", c.num_key_value_heads),
+                 ("head_dim", c.head_dim), ("rope", f"theta {rp.get('rope_theta')}, partial_rotary_factor "
+                                                   f"{rp.get('partial_rotary_factor')}"),
+                 ("intermediate_size (SwiGLU)", c.intermediate_size), ("rms_norm_eps", c.rms_norm_eps),
+                 ("tie_word_embeddings", c.tie_word_embeddings), ("pad/bos/eos", "none")]
+    return rows
+
+
+# ---- a faster Mamba-2 chunk scan for training ------------------------------------------------------
+
+def _segsum(x, torch):
+    """out[..., i, j] = x[..., j+1] + ... + x[..., i] for i >= j, -inf above the diagonal."""
+    n = x.shape[-1]
+    below = torch.ones(n, n, dtype=torch.bool, device=x.device).tril(-1)
+    s = x[..., :, None].expand(*x.shape, n).masked_fill(~below, 0.0).cumsum(-2)
+    return s.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=x.device).tril(), -math.inf)
+
+
+def make_einsum_chunk_scan(reference):
+    """A drop-in for transformers' mamba2_chunk_scan (the chunked SSD form of S_t = a_t S_{t-1} + x_t dt_t B_t^T,
+    y_t = S_t C_t + D x_t) that contracts with matmuls instead of materialising broadcast products. Calls with an
+    initial state or asking for the final state (decoding) go to `reference`."""
+    import torch
+    import torch.nn.functional as F
+
+    def scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None, dt_softplus=False,
+             dt_limit=(0.0, float("inf")), return_final_states=False, **kwargs):
+        if initial_states is not None or return_final_states:
+            return reference(hidden_states, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
+                             initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                             return_final_states=return_final_states, **kwargs)
+        dev = hidden_states.device.type
+        with torch.autocast(dev, enabled=False) if dev in ("cuda", "cpu") else contextlib.nullcontext():
+            b, t, h, p = hidden_states.shape
+            g, n = B.shape[2], B.shape[3]
+            r = h // g
+            dt = dt.float()
+            if dt_bias is not None:
+                dt = dt + dt_bias.float()
+            if dt_softplus:
+                dt = F.softplus(dt)
+            dt = dt.clamp(min=dt_limit[0], max=dt_limit[1])
+            x, B, C = hidden_states.float(), B.float(), C.float()
+            pad = (-t) % chunk_size
+            if pad:  # zero x, dt, B, C at the end: decay 1, no input, outputs cut below
+                x = F.pad(x, (0, 0, 0, 0, 0, pad))
+                dt = F.pad(dt, (0, 0, 0, pad))
+                B = F.pad(B, (0, 0, 0, 0, 0, pad))
+                C = F.pad(C, (0, 0, 0, 0, 0, pad))
+            c, L = (t + pad) // chunk_size, chunk_size
+            xd = (x * dt[..., None]).view(b, c, L, g, r, p)
+            Bc, Cc = B.view(b, c, L, g, n), C.view(b, c, L, g, n)
+            a = (A.float() * dt).view(b, c, L, g, r).permute(0, 3, 4, 1, 2)  # (b, g, r, c, L) log-decays
+            a_cum = a.cumsum(-1)
+            # within a chunk: y_l += sum_{s<=l} (C_l . B_s) exp(a_{s+1} + ... + a_l) xd_s
+            scores = torch.einsum("bclgn,bcsgn->bgcls", Cc, Bc)[:, :, None] * torch.exp(_segsum(a, torch))
+            y = torch.einsum("bgrcls,bcsgrp->bclgrp", scores, xd)
+            # state each chunk adds, at its end: sum_s exp(a_{s+1} + ... + a_L) xd_s B_s^T
+            w = torch.exp(a_cum[..., -1:] - a_cum).permute(0, 3, 4, 1, 2)[..., None]  # (b, c, L, g, r, 1)
+            chunk_states = torch.einsum("bclgrp,bclgn->bcgrpn", xd * w, Bc)
+            # states entering each chunk: the chunk-level recurrence unrolled (c+1 x c+1 decays)
+            decay = torch.exp(_segsum(F.pad(a_cum[..., -1], (1, 0)), torch))  # (b, g, r, c+1, c+1)
+            states = torch.cat([torch.zeros_like(chunk_states[:, :1]), chunk_states], dim=1)
+            entering = torch.einsum("bgrzc,bcgrpn->bzgrpn", decay, states)[:, :-1]
+            y = y + torch.einsum("bclgn,bcgrpn->bclgrp", Cc, entering) * \
+                torch.exp(a_cum).permute(0, 3, 4, 1, 2)[..., None]
+            y = y.reshape(b, c * L, h, p)
+            if D is not None:
+                y = y + D.float()[:, None] * x
+            return y[:, :t]
+
+    return scan
+
+
+class MambaScan:
+    """Context manager: transformers' Mamba2 mixer calls `scan` instead of its reference chunk scan."""
+
+    def __init__(self, scan):
+        from transformers.models.mamba2 import modeling_mamba2
+        self.module, self.scan, self.saved = modeling_mamba2, scan, None
+
+    def __enter__(self):
+        self.saved = self.module.mamba2_chunk_scan
+        if self.scan is not None:
+            self.module.mamba2_chunk_scan = self.scan
+        return self
+
+    def __exit__(self, *exc):
+        self.module.mamba2_chunk_scan = self.saved
+        return False
+
+
+# ---- training ---------------------------------------------------------------------------------------
+
+def lr_at(step, total, warmup, peak, final_ratio=0.1):
+    """Linear warm-up over `warmup` steps, then cosine from peak to final_ratio * peak at step total - 1."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    span = max(1, total - 1 - warmup)
+    frac = min(1.0, (step - warmup) / span)
+    return peak * (final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def fast_paths():
+    """Which optional kernel packages are importable (transformers uses them instead of its torch code)."""
+    import importlib.util
+    return {pkg: importlib.util.find_spec(pkg) is not None for pkg in ("mamba_ssm", "causal_conv1d", "fla")}
+
+
+FIT_STEPS = (30, 200, 1000, 3000)  # after these steps the step count is fitted to --minutes (timed from step 10)
+
+
+def train(model, corpus, args, device, torch, log):
+    """Runs the training loop; returns the log dict (per-step loss and learning rate, timings)."""
+    import torch.nn.functional as F
+
+    data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).to(device)
+    n_windows = len(corpus) - args.seq_len - 1
+    if n_windows <= 0:
+        raise TextError(f"training text ({len(corpus)} bytes) is shorter than --seq-len + 1")
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    offsets_in_window = torch.arange(args.seq_len + 1, device=device)
+
+    decay, no_decay = [], []
+    for name, prm in model.named_parameters():
+        (decay if prm.dim() >= 2 else no_decay).append(prm)
+    use_fused = device.type == "cuda"
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=use_fused)
+    amp = (args.amp == "bf16") or (args.amp == "auto" and device.type == "cuda")
+    budget_s = args.minutes * 60.0 if args.minutes > 0 else math.inf
+    total = args.steps
+    warmup = max(1, min(args.warmup, total // 5))
+    losses = torch.zeros(args.steps, device=device)
+    lrs, points, notes = [], [], []
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    model.train()
+    t0 = time.perf_counter()
+    step = 0
+    while step < total:
+        lr = lr_at(step, total, warmup, args.lr)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(0, n_windows, (args.batch,), generator=gen).to(device)
+        xy = data[starts[:, None] + offsets_in_window].long()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(input_ids=xy[:, :-1], use_cache=False).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses[step] = loss.detach()
+        lrs.append(lr)
+        step += 1
+
+        fit_now = math.isfinite(budget_s) and step in FIT_STEPS
+        if step <= FIT_STEPS[0] or fit_now or step % args.log_every == 0 or step == total:
+            sync()
+            now = time.perf_counter() - t0
+            if step == 1 and not math.isfinite(loss.item()):
+                raise RuntimeError("the loss is not finite at the first step")
+            if step == 10:
+                mark = (step, now)  # steps 1-10 warm up (allocator, kernel selection)
+            if fit_now:  # fit the schedule to the budget, timing the steps since the last mark
+                per_step = (now - mark[1]) / (step - mark[0])
+                mark = (step, now)
+                fits = step + int(max(0.0, budget_s * 0.98 - now) / per_step)
+                fitted = min(args.steps, max(step, fits))
+                if fitted != total:
+                    notes.append(f"step {step}: {per_step * 1e3:.1f} ms/step, the {args.minutes:g}-minute budget "
+                                 f"fits {fits} steps (--steps {args.steps}): schedule set to {fitted} steps")
+                    log(notes[-1])
+                    total = fitted
+                    warmup = max(1, min(args.warmup, total // 5))
+            if step % args.log_every == 0 or step == total:
+                recent = losses[max(0, step - args.log_every):step].mean().item()
+                points.append({"step": step, "loss": recent, "lr": lr, "elapsed_s": round(now, 3)})
+                log(f"step {step:6d}/{total}  loss {recent:.4f}  ({recent / math.log(2):.3f} bits/byte)  "
+                    f"lr {lr:.2e}  {now:7.1f} s")
+                if not math.isfinite(recent):
+                    raise RuntimeError(f"the training loss is {recent} at step {step}")
+        if step < total and time.perf_counter() - t0 >= budget_s:
+            notes.append(f"stopped at step {step} of {total}: the {args.minutes:g}-minute budget is spent "
+                         "(learning rate not fully decayed)")
+            log(notes[-1])
+            break
+    sync()
+    wall = time.perf_counter() - t0
+    loss_list = losses[:step].tolist()
+    tail = loss_list[-min(len(loss_list), max(1, args.log_every)):]
+    return {
+        "steps": step, "scheduled_steps": total, "warmup_steps": warmup, "wall_s": wall,
+        "tokens_seen": step * args.batch * args.seq_len, "loss": loss_list, "lr": lrs[:step], "log": points,
+        "final_loss": sum(tail) / len(tail), "final_loss_steps": len(tail), "amp_bf16": amp, "notes": notes,
+        "ms_per_step": 1e3 * wall / max(1, step), "fused_adamw": use_fused,
+    }
+
+
+# ---- evaluation -------------------------------------------------------------------------------------
+
+def _cache_kwargs(arch, cache):
+    return {"cache_params": cache} if arch == "mamba2" else {"past_key_values": cache}
+
+
+def _next_cache(arch, out):
+    return out.cache_params if arch == "mamba2" else out.past_key_values
+
+
+def evaluate(model, arch, books, seq_len, chunk, batch, device, torch):
+    """Bits per byte on each book: streamed (cache carried, one context per book) and windowed."""
+    import torch.nn.functional as F
+
+    model.eval()
+    rows = []
+    with torch.no_grad():
+        for name, text in books:
+            ids = torch.frombuffer(bytearray(text), dtype=torch.uint8).long().to(device)[None]
+            n = ids.shape[1] - 1  # bytes predicted
+            # streamed
+            nll, cache = 0.0, None
+            for s in range(0, n, chunk):
+                out = model(input_ids=ids[:, s:min(s + chunk, n)], use_cache=True, **_cache_kwargs(arch, cache))
+                cache = _next_cache(arch, out)
+                tgt = ids[:, s + 1:min(s + chunk, n) + 1]
+                nll += F.cross_entropy(out.logits[0].double(), tgt[0], reduction="sum").item()
+            streamed = nll / n / math.log(2)
+            # windowed: inputs ids[s:s + seq_len] predict ids[s + 1:s + seq_len + 1], s = 0, seq_len, ...
+            nll_w, full = 0.0, n // seq_len
+            for lo in range(0, full, batch):
+                starts = range(lo * seq_len, min(full, lo + batch) * seq_len, seq_len)
+                x = torch.stack([ids[0, s:s + seq_len] for s in starts])
+                y = torch.stack([ids[0, s + 1:s + seq_len + 1] for s in starts])
+                logits = model(input_ids=x, use_cache=False).logits
+                nll_w += F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                         reduction="sum").item()
+            if n % seq_len:
+                s = full * seq_len
+                logits = model(input_ids=ids[:, s:n], use_cache=False).logits
+                nll_w += F.cross_entropy(logits[0].double(), ids[0, s + 1:n + 1], reduction="sum").item()
+            rows.append({"book": name, "bytes": int(ids.shape[1]), "predicted": n,
+                         "bpb_streamed": streamed, "bpb_windowed": nll_w / n / math.log(2)})
+    total = sum(r["predicted"] for r in rows)
+    return {
+        "books": rows,
+        "bpb_streamed": sum(r["bpb_streamed"] * r["predicted"] for r in rows) / total,
+        "bpb_windowed": sum(r["bpb_windowed"] * r["predicted"] for r in rows) / total,
+        "predicted_bytes": total,
+    }
+
+
+# ---- the model card ---------------------------------------------------------------------------------
+
+def _fmt_bytes(n):
+    return f"{n:,} bytes ({n / 2 ** 20:.2f} MiB)"
+
+
+def write_card(path, info):
+    c = info
+    lines = [f"# {c['name']}: byte-level {c['arch_title']} trained by scripts/train_tiny.py", "",
+             "## Architecture", "",
+             f"- class: `{c['model_class']}` (model_type `{c['model_type']}`), layers `{c['pattern']}` "
+             f"({c['pattern_legend']})",
+             f"- parameters: {c['parameters']:,} ({c['checkpoint_bytes'] / 1e6:.2f} MB float32 safetensors)",
+             "- tokenizer: bytes, token id = byte value, vocab_size 256; no BOS/EOS is ever inserted; "
+             f"{c['special_ids']}", "",
+             "## Config summary", "", "| field | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in c["config_rows"]]
+    lines += ["", "## Training text", "",
+              f"- folder: `{c['train_dir']}`, {len(c['books'])} books, {_fmt_bytes(c['raw_bytes'])} as files, "
+              f"{_fmt_bytes(c['text_bytes'])} after stripping ({STRIP_VERSION}: BOM, CRLF, Project Gutenberg "
+              "header and licence footer removed)",
+              f"- PG-19 test books excluded: {c['exclusion']}",
+              "- files: " + ", ".join(f"{b['file']} ({b['text_bytes']:,})" for b in c["books"]), "",
+              "## Training", "",
+              f"- steps: {c['steps']} (scheduled {c['scheduled_steps']}, --steps {c['args']['steps']}, "
+              f"--minutes {c['args']['minutes']:g}), batch {c['args']['batch']} x {c['args']['seq_len']} bytes",
+              f"- tokens seen: {c['tokens_seen']:,} ({c['tokens_seen'] / max(1, c['text_bytes']):.2f} passes "
+              "over the text)",
+              f"- optimiser: AdamW (betas 0.9/0.95, weight decay {c['args']['weight_decay']:g} on matrices), "
+              f"peak lr {c['args']['lr']:g}, {c['warmup_steps']} warm-up steps, cosine to 10%, clip 1.0",
+              f"- precision: float32 weights, {'bf16 autocast' if c['amp_bf16'] else 'float32 compute'}"
+              f"{', TF32 matmuls' if c['tf32'] else ''}; "
+              f"SSM code: {c['scan_note']}",
+              f"- wall time: {c['wall_s']:.1f} s training ({c['ms_per_step']:.1f} ms/step), {c['total_s']:.1f} s "
+              "in all",
+              f"- device: {c['device']}",
+              f"- seed: {c['args']['seed']}",
+              f"- final training loss: {c['final_loss']:.4f} nats/byte = {c['final_loss'] / math.log(2):.4f} "
+              f"bits/byte (mean of the last {c['final_loss_steps']} steps); curve in train_log.json"]
+    lines += [f"- note: {n}" for n in c["notes"]]
+    lines += ["", "## Bits per byte on the PG-19 test books", ""]
+    ev = c["eval"]
+    if ev is None:
+        lines += [f"Skipped: {c['eval_skipped']}"]
+    else:
+        lines += [f"First {c['args']['eval_bytes']:,} bytes of each book after stripping, teacher-forced, float32, "
+                  "transformers' own forward (reference torch paths). Streamed: chunks of "
+                  f"{c['args']['eval_chunk']} bytes with the cache carried (one context per book); windowed: "
+                  f"independent windows of {c['args']['seq_len']} bytes. Every byte after the first is predicted "
+                  "once.", "",
+                  "| book | bytes | bpb streamed | bpb windowed |", "|---|---|---|---|"]
+        lines += [f"| {r['book']} | {r['bytes']:,} | {r['bpb_streamed']:.4f} | {r['bpb_windowed']:.4f} |"
+                  for r in ev["books"]]
+        lines += [f"| **all** | {ev['predicted_bytes']:,} predicted | **{ev['bpb_streamed']:.4f}** | "
+                  f"**{ev['bpb_windowed']:.4f}** |", "", f"Evaluation time: {c['eval_s']:.1f} s."]
+    lines += ["", "## Software", "",
+              f"- transformers {c['versions']['transformers']}, torch {c['versions']['torch']}, "
+              f"python {c['versions']['python']}, {c['versions']['platform']}",
+              f"- optional kernels importable: {c['fast_paths']}", "",
+              "## Command", "", "```", c["command"], "```", "",
+              f"Same steps without a time budget: `{c['repeat_command']}`", ""]
+    write_text_atomically(path, "\n".join(lines))
+
+
+def with_option(argv, flag, value):
+    """argv with `flag value` set (replacing `flag X` or `flag=X`)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == flag:
+            i += 2
+            continue
+        if not argv[i].startswith(flag + "="):
+            out.append(argv[i])
+        i += 1
+    return out + [flag, value]
+
+
+def run(args, argv, script):
+    """The whole run of scripts/train_tiny.py: args as it parsed them, argv and the script's path
+    for the card's command lines. Returns the exit status (EXIT_REFUSED for unusable text or output)."""
+    t_start = time.perf_counter()
+
+    def log(msg):
+        print(f"[train_tiny {args.arch}] {msg}", file=sys.stderr, flush=True)
+
+    # The data checks come first: a refusal needs neither torch nor transformers.
+    try:
+        corpus, books = load_training_text(args.train_dir, args.pg19_dir)
+        eval_books = load_eval_books(args.pg19_dir, args.eval_bytes) if args.eval_bytes > 0 else None
+    except TextError as e:
+        print(f"train_tiny.py: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    out = pathlib.Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.force:
+        print(f"train_tiny.py: {out} exists and is not empty (--force replaces it)", file=sys.stderr)
+        return EXIT_REFUSED
+    pg19 = pathlib.Path(args.pg19_dir)
+    exclusion = (f"the training folder is not `{args.pg19_dir}` and shares no file name or contents with its "
+                 f"{sum(p.suffix.lower() == '.txt' for p in pg19.iterdir())} .txt files" if pg19.is_dir() else
+                 f"`{args.pg19_dir}` not found, so only its path was checked")
+    log(f"{len(books)} books, {len(corpus):,} bytes of text from {args.train_dir}")
+
+    # Deterministic cuBLAS needs this before CUDA starts; keep transformers off the network.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    import transformers
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("train_tiny.py: --device cuda but torch sees no GPU", file=sys.stderr)
+        return EXIT_REFUSED
+    torch.manual_seed(args.seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False  # NaN-filling every new tensor costs GPU time
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # the float32 SSM matmuls in training
+        torch.backends.cudnn.allow_tf32 = True
+
+    config = build_config(args.arch, args.preset, transformers)
+    model = build_model(args.arch, config, transformers).to(torch.float32).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"{type(model).__name__} {layer_pattern(args.arch, config)}: {n_params:,} parameters on {device}")
+
+    scan = None
+    if args.arch == "mamba2" and args.mamba_scan == "einsum" and not fast_paths()["mamba_ssm"]:
+        from transformers.models.mamba2 import modeling_mamba2
+        scan = make_einsum_chunk_scan(modeling_mamba2.mamba2_chunk_scan)
+    if args.arch == "mamba2":
+        scan_note = ("mamba_ssm kernels" if fast_paths()["mamba_ssm"] else
+                     "Mamba-2 chunk scan in einsum form (replayssm_py/train.py) for training, transformers' reference "
+                     "torch scan for evaluation" if scan is not None else "transformers' reference torch scan")
+    else:
+        scan_note = "flash-linear-attention kernels" if fast_paths()["fla"] else \
+            "transformers' reference torch Gated DeltaNet (chunked)"
+
+    with MambaScan(scan):
+        result = train(model, corpus, args, device, torch, log)
+    log(f"trained {result['steps']} steps in {result['wall_s']:.1f} s ({result['ms_per_step']:.1f} ms/step), "
+        f"final loss {result['final_loss']:.4f}")
+
+    model = model.to(torch.float32)
+    t_eval = time.perf_counter()
+    ev, skipped = None, None
+    if eval_books is None:
+        skipped = ("--eval-bytes 0" if args.eval_bytes == 0 else
+                   f"the PG-19 test folder `{args.pg19_dir}` does not exist")
+    else:
+        prev = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")  # no TF32 in the evaluation
+        torch.backends.cudnn.allow_tf32 = False
+        try:
+            ev = evaluate(model, args.arch, eval_books, args.seq_len, args.eval_chunk, args.eval_batch, device,
+                          torch)
+        finally:
+            torch.set_float32_matmul_precision(prev)
+        log(f"PG-19 bits/byte: streamed {ev['bpb_streamed']:.4f}, windowed {ev['bpb_windowed']:.4f}")
+    eval_s = time.perf_counter() - t_eval
+
+    if out.exists() and args.force:
+        for f in out.iterdir():
+            if f.is_file():
+                f.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    model.cpu().save_pretrained(out)
+    (out / "generation_config.json").unlink(missing_ok=True)
+    ckpt_bytes = (out / "model.safetensors").stat().st_size
+    if ckpt_bytes > MAX_CHECKPOINT_BYTES:
+        log(f"warning: model.safetensors is {ckpt_bytes / 1e6:.1f} MB, over the 25 MB target")
+
+    command = "python3 " + shlex.join([os.path.relpath(script, os.getcwd()), *argv])
+    repeat = with_option(with_option(argv, "--steps", str(result["steps"])), "--minutes", "0")
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    info = {
+        "name": out.name, "arch": args.arch,
+        "arch_title": "Mamba-2" if args.arch == "mamba2" else "Qwen3.5-style Gated DeltaNet hybrid",
+        "model_class": type(model).__name__, "model_type": config.model_type,
+        "pattern": layer_pattern(args.arch, config),
+        "pattern_legend": "M Mamba-2" if args.arch == "mamba2" else "G Gated DeltaNet, * gated attention",
+        "parameters": n_params, "checkpoint_bytes": ckpt_bytes,
+        "special_ids": ("pad_token_id 0 (NUL, never in the text), bos/eos none" if args.arch == "mamba2" else
+                        "pad/bos/eos none"),
+        "config_rows": config_summary(args.arch, config), "train_dir": args.train_dir, "books": books,
+        "raw_bytes": sum(b["raw_bytes"] for b in books), "text_bytes": len(corpus), "exclusion": exclusion,
+        "args": vars(args), "scan_note": scan_note, "device": dev_name, "eval": ev, "eval_skipped": skipped,
+        "eval_s": eval_s, "total_s": time.perf_counter() - t_start, "fast_paths": fast_paths(),
+        "tf32": device.type == "cuda",
+        "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
+                     "python": platform.python_version(), "platform": platform.platform()},
+        "command": command, "repeat_command": "python3 " + shlex.join([os.path.relpath(script, os.getcwd()),
+                                                                       *repeat]),
+        **{k: result[k] for k in ("steps", "scheduled_steps", "warmup_steps", "tokens_seen", "wall_s",
+                                  "ms_per_step", "final_loss", "final_loss_steps", "amp_bf16", "notes")},
+    }
+    write_card(out / "MODEL_CARD.md", info)
+    train_log = {
+        "format": "replayssm-train-log", "version": 1, "arch": args.arch, "model_class": info["model_class"],
+        "parameters": n_params, "args": vars(args), "command": command, "device": dev_name,
+        "versions": info["versions"], "books": books, "text_bytes": len(corpus),
+        "tokens_per_step": args.batch * args.seq_len, "eval": ev, "eval_skipped": skipped,
+        **{k: v for k, v in result.items()},
+    }
+    write_text_atomically(out / "train_log.json", json.dumps(train_log, indent=1) + "\n")
+    log(f"wrote {out} ({ckpt_bytes / 1e6:.2f} MB checkpoint) in {info['total_s']:.1f} s")
+    return 0
