@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(build-essential cmake pkg-config git
+APT_PACKAGES=(build-essential cmake pkg-config git python3-pip
   libeigen3-dev libboost-dev libhdf5-dev libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev libtomlplusplus-dev)
 
 missing=()

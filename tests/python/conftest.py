@@ -4,7 +4,6 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PYTHON_DIR = ROOT / "python"
-sys.path.insert(0, str(ROOT / "scripts"))
 # The replayssm_py of this checkout, first: an editable install of another checkout must not stand in.
 sys.path.insert(0, str(PYTHON_DIR))
 

@@ -1,11 +1,11 @@
 """`replayssm quantize` end to end, against the independent numpy + ml_dtypes implementation
-in scripts/make_format_goldens.py, on fresh random tensors (fixed, recorded seeds)."""
+in replayssm_py.formats (scripts/make_format_goldens.py), on fresh random tensors (fixed, recorded seeds)."""
 import subprocess
 
 import numpy as np
 import pytest
 
-import make_format_goldens as g
+from replayssm_py import formats as g
 from conftest import replayssm_binary
 
 SEED = 20261130
