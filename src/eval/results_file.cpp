@@ -162,6 +162,24 @@ KlStats read_aggregate(hid_t g, const std::vector<int64_t>& edges) {
   return s;
 }
 
+// The root's string attributes and the metadata members they hold.
+constexpr std::array<std::pair<const char*, std::string ResultsMetadata::*>, 14> kRootStrings = {{
+    {"toolkit_version", &ResultsMetadata::toolkit_version},
+    {"git_commit", &ResultsMetadata::git_commit},
+    {"host_isa", &ResultsMetadata::host_isa},
+    {"created", &ResultsMetadata::created},
+    {"command_line", &ResultsMetadata::command_line},
+    {"model_description", &ResultsMetadata::model_description},
+    {"model_hash", &ResultsMetadata::model_hash},
+    {"model_dir", &ResultsMetadata::model_dir},
+    {"text_dir", &ResultsMetadata::text_dir},
+    {"tokens_dir", &ResultsMetadata::tokens_dir},
+    {"tokenizer", &ResultsMetadata::tokenizer},
+    {"tokenization", &ResultsMetadata::tokenization},
+    {"reference_policy", &ResultsMetadata::reference_policy},
+    {"sweep", &ResultsMetadata::sweep_json},
+}};
+
 std::string attr_or_empty(hid_t obj, const std::string& name) {
   return h5::has_attr(obj, name) ? h5::read_attr_string(obj, name) : std::string();
 }
@@ -189,23 +207,10 @@ ResultsWriter::ResultsWriter(std::string path, const ResultsMetadata& meta, cons
   const hid_t f = impl_->file;
   h5::write_attr(f, "schema", std::string(kResultsSchema));
   h5::write_attr(f, "schema_version", kResultsSchemaVersion);
-  h5::write_attr(f, "toolkit_version", meta.toolkit_version);
-  h5::write_attr(f, "git_commit", meta.git_commit);
-  h5::write_attr(f, "host_isa", meta.host_isa);
-  h5::write_attr(f, "created", meta.created);
-  h5::write_attr(f, "command_line", meta.command_line);
-  h5::write_attr(f, "model_description", meta.model_description);
-  h5::write_attr(f, "model_hash", meta.model_hash);
-  h5::write_attr(f, "model_dir", meta.model_dir);
-  h5::write_attr(f, "text_dir", meta.text_dir);
-  h5::write_attr(f, "tokens_dir", meta.tokens_dir);
-  h5::write_attr(f, "tokenizer", meta.tokenizer);
-  h5::write_attr(f, "tokenization", meta.tokenization);
-  h5::write_attr(f, "reference_policy", meta.reference_policy);
+  for (const auto& [name, member] : kRootStrings) h5::write_attr(f, name, meta.*member);
   h5::write_attr(f, "n_positions", meta.n_positions);
   h5::write_attr(f, "n_books", static_cast<int64_t>(books.size()));
   set_toolkit_versions_used(meta.toolkit_versions_used);
-  h5::write_attr(f, "sweep", meta.sweep_json);
 
   h5::write_dataset(f, "bucket_edges", {edges.size()}, edges.data());
   h5::Handle g = h5::create_group(f, "books");
@@ -285,20 +290,8 @@ ResultsSummary read_summary(hid_t f, const std::string& path) {
                                          kResultsSchemaVersion));
   s.complete = h5::has_attr(f, "complete") && h5::read_attr_int(f, "complete") == 1;
   ResultsMetadata& m = s.meta;
-  m.toolkit_version = attr_or_empty(f, "toolkit_version");
-  m.git_commit = attr_or_empty(f, "git_commit");
-  m.host_isa = attr_or_empty(f, "host_isa");  // absent in files written before it was recorded
-  m.created = attr_or_empty(f, "created");
-  m.command_line = attr_or_empty(f, "command_line");
-  m.model_description = attr_or_empty(f, "model_description");
-  m.model_hash = attr_or_empty(f, "model_hash");
-  m.model_dir = attr_or_empty(f, "model_dir");
-  m.text_dir = attr_or_empty(f, "text_dir");
-  m.tokens_dir = attr_or_empty(f, "tokens_dir");
-  m.tokenizer = attr_or_empty(f, "tokenizer");
-  m.tokenization = attr_or_empty(f, "tokenization");
-  m.reference_policy = attr_or_empty(f, "reference_policy");
-  m.sweep_json = attr_or_empty(f, "sweep");
+  // Absent string attributes read as empty (host_isa: files written before it was recorded).
+  for (const auto& [name, member] : kRootStrings) m.*member = attr_or_empty(f, name);
   m.n_positions = h5::read_attr_int(f, "n_positions");
   s.edges = h5::read_dataset<int64_t>(f, "bucket_edges");
   // The edges define K and N for everything below: refuse what no writer produces.

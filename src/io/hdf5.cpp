@@ -206,6 +206,18 @@ T read_scalar_attr(hid_t obj, const std::string& name) {
   return v;
 }
 
+// One value: a scalar attribute (what h5py shows as a plain number); several: a 1-D array.
+template <class T>
+void write_numeric_attr(hid_t obj, const std::string& name, std::span<const T> values) {
+  init();
+  remove_attr_if_exists(obj, name);
+  Handle space = values.size() == 1 ? simple_space({}) : simple_space({values.size()});
+  Handle a(check(H5Acreate2(obj, name.c_str(), Types<T>::file(), space, H5P_DEFAULT, H5P_DEFAULT), obj, "",
+                 "cannot create attribute " + name),
+           H5Aclose);
+  check_status(H5Awrite(a, Types<T>::mem(), values.data()), obj, "", "cannot write attribute " + name);
+}
+
 }  // namespace
 
 // ---- handles and files ----------------------------------------------------------------------------
@@ -332,28 +344,15 @@ void write_attr(hid_t obj, const std::string& name, const std::string& value) {
 }
 
 void write_attr(hid_t obj, const std::string& name, int64_t value) {
-  init();
-  remove_attr_if_exists(obj, name);
-  Handle space = simple_space({});
-  Handle a(check(H5Acreate2(obj, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), obj, "",
-                 "cannot create attribute " + name),
-           H5Aclose);
-  check_status(H5Awrite(a, H5T_NATIVE_INT64, &value), obj, "", "cannot write attribute " + name);
+  write_numeric_attr<int64_t>(obj, name, std::span<const int64_t>(&value, 1));
 }
 
 void write_attr(hid_t obj, const std::string& name, double value) {
-  write_attr(obj, name, std::span<const double>(&value, 1));
+  write_numeric_attr<double>(obj, name, std::span<const double>(&value, 1));
 }
 
 void write_attr(hid_t obj, const std::string& name, std::span<const double> values) {
-  init();
-  remove_attr_if_exists(obj, name);
-  // One value: a scalar attribute (what h5py shows as a plain float).
-  Handle space = values.size() == 1 ? simple_space({}) : simple_space({values.size()});
-  Handle a(check(H5Acreate2(obj, name.c_str(), H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT), obj, "",
-                 "cannot create attribute " + name),
-           H5Aclose);
-  check_status(H5Awrite(a, H5T_NATIVE_DOUBLE, values.data()), obj, "", "cannot write attribute " + name);
+  write_numeric_attr<double>(obj, name, values);
 }
 
 std::string read_attr_string(hid_t obj, const std::string& name) {

@@ -330,3 +330,23 @@ TEST_CASE("configuration group names") {
   CHECK(config_group_name("") == "_");
   CHECK(config_group_name(".") == "_.");
 }
+
+TEST_CASE("the committed result files of experiments/results are still read") {
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(test::source_path("experiments/results"))) {
+    if (e.path().extension() != ".h5") continue;
+    CAPTURE(e.path().string());
+    ++files;
+    const ResultsSummary s = read_results_summary(e.path().string());
+    CHECK(s.complete);
+    CHECK(s.schema_version == kResultsSchemaVersion);
+    CHECK_FALSE(s.configs.empty());
+    CHECK(s.edges.back() == s.meta.n_positions);
+    for (const ConfigSummary& c : s.configs) {
+      CHECK(c.complete);
+      CHECK(c.aggregate.positions == s.meta.n_positions * static_cast<int64_t>(s.book_names.size()));
+      CHECK(c.aggregate.finite_positions + c.aggregate.nonfinite_positions == c.aggregate.positions);
+    }
+  }
+  CHECK(files >= 3);
+}
