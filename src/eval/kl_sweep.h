@@ -15,19 +15,26 @@
 //       c0003-b0012.h5      one file per finished cell (per-position KL + exact statistics),
 //                           each written to .c0003-b0012.h5.tmp-PID and renamed, so a cell file
 //                           exists only when complete;
-//   DIR/NAME                the result file (hdf5_results.h schema), written when every cell is
-//                           done: to DIR/.NAME.tmp-PID, fsync, rename over NAME, fsync DIR. Then
-//                           the work directory and the lock file are removed.
+//   DIR/NAME                the result file (results_file.h schema), written when every cell is
+//                           done: built in memory, then written to DIR/.NAME.tmp-PID, fsync,
+//                           rename over NAME, fsync DIR. Then the work directory and the lock
+//                           file are removed. Every temporary is named .X.tmp-PID after its own
+//                           file X (io/atomic_file.h), so cleaning up never touches the files of
+//                           another output in DIR (px.h5 and px.h5.2 are separate sweeps).
 // Why not one file rewritten after each configuration: HDF5 (1.10) has no journal, so a file
 // modified in place and interrupted can be unreadable, and rewriting the whole file after every
 // cell costs O(cells x file size). Cell files cost one small atomic write each; the merge reads
-// them back one configuration at a time (memory B x N floats). Leftover *.tmp-* files from a
-// killed run are removed by the next run that holds the lock.
+// them back one configuration at a time (memory B x N floats). Leftover .NAME.tmp-PID files of a
+// killed run (dead PID only) are removed by the next run that holds the lock. The code: the
+// cell store (cell_store.h: identity, resume, cells, merge) and run_kl_sweep below.
 //
 // Resume rules (out = DIR/NAME):
 //   out exists, same identity          -> nothing to do ("already complete"), its summary is shown;
+//                                         found without the lock and without writing anything, so
+//                                         a finished result on a read-only filesystem is reported;
 //   out exists, different identity     -> refused (std::runtime_error saying what differs) unless
-//                                         force; out exists but is no result file -> refused too;
+//                                         force; out exists but is no result file (or one not
+//                                         marked complete) -> refused too;
 //   work dir exists, same identity     -> finished cells are skipped, the rest run, then merge
 //                                         (with or without force: an interrupted forced run resumes);
 //   work dir exists, different identity -> refused unless force (then the work dir is wiped);
@@ -45,10 +52,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
-#include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "eval/policy_set.h"
 #include "eval/progress.h"
@@ -90,12 +94,6 @@ struct SweepOutcome {
   double seconds = 0.0;
   std::vector<SummaryRow> rows;    // aggregate statistics per configuration, in order
 };
-
-// The identity of a sweep (see the top of this file).
-nlohmann::json sweep_identity(const TeacherForcedModel& model, const std::vector<SweepBook>& books,
-                              const SweepOptions& options);
-// "n_positions: 4096 -> 8192; configs: added shared:fp16+sr@16" (empty when equal).
-std::string describe_identity_difference(const nlohmann::json& old_id, const nlohmann::json& new_id);
 
 // Runs (or resumes, or finds complete) the sweep and returns the summary. Throws
 // std::invalid_argument on bad options (N < 1, no configuration, short books, token ids outside

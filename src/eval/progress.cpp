@@ -135,6 +135,17 @@ std::string fmt_kl(double v) {
   return fmt::format("{:.3g}", v);
 }
 
+// part / whole as a percentage in at most 3 significant digits and never in exponent notation;
+// only the whole is "100%" and only nothing is "0%".
+std::string percent_of(int64_t part, int64_t whole) {
+  if (whole <= 0) return "-";
+  if (part >= whole) return "100%";
+  const double p = 100.0 * static_cast<double>(part) / static_cast<double>(whole);
+  if (p < 0.01) return part > 0 ? "<0.01%" : "0%";
+  if (p >= 99.95) return ">99.9%";
+  return fmt::format("{:.3g}%", p);
+}
+
 std::vector<std::size_t> summary_buckets(const std::vector<int64_t>& edges) {
   const std::size_t K = edges.empty() ? 0 : edges.size() - 1;
   std::vector<std::size_t> pick;
@@ -181,8 +192,8 @@ std::string format_summary_table(const std::vector<SummaryRow>& rows) {
     const std::string nonfinite =
         r.stats.nonfinite_positions == 0
             ? "0"
-            : fmt::format("{} ({:.2g}%)", human_count(double(r.stats.nonfinite_positions)),
-                          100.0 * double(r.stats.nonfinite_positions) / double(std::max<int64_t>(1, r.stats.positions)));
+            : fmt::format("{} ({})", human_count(double(r.stats.nonfinite_positions)),
+                          percent_of(r.stats.nonfinite_positions, r.stats.positions));
     out += fmt::format(" {:>9} {:>7} {:>10} {:>11}\n", fmt_kl(r.stats.mean_kl()),
                        std::isnan(top1) ? std::string("-") : fmt::format("{:.4f}", top1),
                        std::isnan(r.stats.mean_delta_p()) ? std::string("-") : fmt::format("{:+.2e}", r.stats.mean_delta_p()),

@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/random/mersenne_twister.hpp>
@@ -16,11 +18,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "eval/cell_store.h"
 #include "eval/kl_oracle.h"
 #include "eval/kl_sweep.h"
-#include "io/hdf5_results.h"
+#include "eval/results_file.h"
+#include "io/hdf5.h"
 #include "test_util.h"
 #include "tiny_ssm_model.h"
+#include "util/version.h"
 
 using namespace replayssm;
 using replayssm::test::TinySsmModel;
@@ -211,7 +216,7 @@ TEST_CASE("a sweep writes the documented schema, and its KL is the model's KL co
     CHECK(io::h5::read_dataset<double>(g, "top1") == std::vector<double>{1.0, 1.0});
   }
   // The reader used for resume checks and the summary table.
-  const io::ResultsSummary s = io::read_results_summary((dir / "res.h5").string());
+  const eval::ResultsSummary s = eval::read_results_summary((dir / "res.h5").string());
   CHECK(s.complete);
   REQUIRE(s.configs.size() == 3);
   CHECK(s.configs[1].policy == "split:nvfp4+rtn/fp32@4");
@@ -301,7 +306,7 @@ TEST_CASE("existing results: same settings -> nothing to do; different -> refuse
   forced.force = true;
   const eval::SweepOutcome f = eval::run_kl_sweep(model, books, forced);
   CHECK(f.cells_run == 2);
-  CHECK(io::read_results_summary(out.string()).configs.size() == 2);
+  CHECK(eval::read_results_summary(out.string()).configs.size() == 2);
 
   // Something that is not a result file is not overwritten either.
   const fs::path notes = dir / "notes.h5";
@@ -328,12 +333,12 @@ TEST_CASE("existing results: same settings -> nothing to do; different -> refuse
   model.reset_counters();
   model.fail_after_forwards(3);  // reference + 2 cells of the one book
   CHECK_THROWS(eval::run_kl_sweep(model, books, forced2));
-  CHECK(io::read_results_summary(out.string()).configs.size() == 2);  // the old result is intact
+  CHECK(eval::read_results_summary(out.string()).configs.size() == 2);  // the old result is intact
   model.reset_counters();
   const eval::SweepOutcome resumed = eval::run_kl_sweep(model, books, forced2);
   CHECK(resumed.cells_resumed == 2);
   CHECK(resumed.cells_run == 1);
-  CHECK(io::read_results_summary(out.string()).configs.size() == 3);
+  CHECK(eval::read_results_summary(out.string()).configs.size() == 3);
   fs::remove_all(dir);
 }
 
@@ -396,6 +401,199 @@ TEST_CASE("bad inputs are refused before any work, with messages for the command
   CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, none), doctest::Contains("no configuration"));
   CHECK(model.forward_calls() == 0);
   CHECK(listing(dir).empty());
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// A PID no process has: a child that has exited and been reaped.
+long dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return static_cast<long>(child);
+}
+
+struct FileId {
+  ino_t inode;
+  timespec mtime;
+  bool operator==(const FileId& o) const {
+    return inode == o.inode && mtime.tv_sec == o.mtime.tv_sec && mtime.tv_nsec == o.mtime.tv_nsec;
+  }
+};
+FileId file_id(const fs::path& p) {
+  struct stat st {};
+  REQUIRE(::stat(p.c_str(), &st) == 0);
+  return {st.st_ino, st.st_mtim};
+}
+
+}  // namespace
+
+TEST_CASE("sweeps on px.h5 and px.h5.2 in one folder never remove each other's temporaries") {
+  // Issue 17 defect 5: the stale-temporary clean-up of px.h5 matched the prefix ".px.h5" and
+  // deleted the live temporary of a concurrent sweep writing px.h5.2.
+  const fs::path dir = fresh_dir("prefix");
+  TinySsmModel model({});
+  const int64_t N = 60;
+  const auto books = make_books(1, N + 1, model.vocab_size(), 18);
+  const long dead = dead_pid();
+  const std::string live = std::to_string(static_cast<long>(::getppid()));  // the test runner's parent is alive
+  // The other sweep (px.h5.2) in the middle of its run: its lock, work directory, a cell being
+  // written and its result temporary; plus the leftovers of a killed run of each output.
+  const std::vector<std::string> others = {".px.h5.2.tmp-" + live, ".px.h5.2.tmp-" + std::to_string(dead),
+                                           ".px.h5.2.lock", ".px.h5.2.parts", ".px.h5.tmp-" + live};
+  for (const auto& n : others) std::ofstream(dir / n) << "another writer";
+  fs::remove(dir / ".px.h5.2.parts");
+  fs::create_directories(dir / ".px.h5.2.parts");
+  std::ofstream(dir / ".px.h5.2.parts" / (".c0000-b00000.h5.tmp-" + live)) << "partial";
+  std::ofstream(dir / ".px.h5.2.parts" / (".c0000-b00001.h5.tmp-" + std::to_string(dead))) << "stale";
+  std::ofstream(dir / (".px.h5.tmp-" + std::to_string(dead))) << "stale temporary of px.h5";
+
+  std::ostringstream log;
+  auto o = options(dir / "px.h5", N, {"shared:nvfp4+sr", "shared:fp16+sr"});
+  o.log = &log;
+  model.fail_after_forwards(2);  // interrupted after its first cell: work dir and cells exist
+  CHECK_THROWS(eval::run_kl_sweep(model, books, o));
+  std::ofstream(dir / ".px.h5.parts" / (".c0001-b00000.h5.tmp-" + std::to_string(dead))) << "stale cell";
+  model.reset_counters();
+  CHECK(eval::run_kl_sweep(model, books, o).cells_run == 1);
+
+  // Its own stale temporaries (dead PID, exact name) are gone; everything of px.h5.2 and the live
+  // temporary stay, byte for byte.
+  CHECK_FALSE(fs::exists(dir / (".px.h5.tmp-" + std::to_string(dead))));
+  CHECK_FALSE(fs::exists(dir / ".px.h5.parts"));
+  for (const auto& n : {".px.h5.2.tmp-" + live, ".px.h5.2.tmp-" + std::to_string(dead), std::string(".px.h5.2.lock"),
+                        ".px.h5.tmp-" + live}) {
+    CAPTURE(n);
+    CHECK(file_bytes(dir / n) == "another writer");
+  }
+  CHECK(file_bytes(dir / ".px.h5.2.parts" / (".c0000-b00000.h5.tmp-" + live)) == "partial");
+  CHECK(file_bytes(dir / ".px.h5.2.parts" / (".c0000-b00001.h5.tmp-" + std::to_string(dead))) == "stale");
+  CHECK(log.str().find(".px.h5.2") == std::string::npos);
+  CHECK(log.str().find("removed " + (dir / (".px.h5.tmp-" + std::to_string(dead))).string()) != std::string::npos);
+  // Every file this sweep wrote went through a temporary named after it: nothing else is left.
+  CHECK(listing(dir) == std::vector<std::string>{".px.h5.2.lock", ".px.h5.2.parts", ".px.h5.2.tmp-" + live,
+                                                  ".px.h5.2.tmp-" + std::to_string(dead), ".px.h5.tmp-" + live,
+                                                  "px.h5"});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a finished result is reported without the lock and without writing anything") {
+  // Issue 17 defect 12: on a read-only filesystem the summary failed with "cannot create lock
+  // file". The complete-result path now takes no lock: shown here with a lock path that cannot be
+  // created (a directory of that name), and by checking that nothing in the folder changes.
+  // tests/python/test_sweep_io_faults.py runs the same on a read-only bind mount.
+  const fs::path dir = fresh_dir("readonly");
+  TinySsmModel model({});
+  const int64_t N = 80;
+  const auto books = make_books(2, N + 1, model.vocab_size(), 19);
+  const auto o = options(dir / "res.h5", N, {"shared:nvfp4+sr", "split:nvfp4+rtn/fp32"});
+  const eval::SweepOutcome first = eval::run_kl_sweep(model, books, o);
+  fs::create_directory(dir / ".res.h5.lock");  // FileLock would fail: "cannot create lock file"
+  const FileId before = file_id(dir / "res.h5");
+  const std::string bytes = file_bytes(dir / "res.h5");
+  const auto entries_before = listing(dir);
+
+  model.reset_counters();
+  const eval::SweepOutcome again = eval::run_kl_sweep(model, books, o);
+  CHECK(again.already_complete);
+  CHECK(again.cells_run == 0);
+  CHECK(model.forward_calls() == 0);
+  REQUIRE(again.rows.size() == 2);
+  CHECK(again.rows[1].policy == "split:nvfp4+rtn/fp32@4");
+  CHECK(again.rows[1].stats.mean_kl() == doctest::Approx(first.rows[1].stats.mean_kl()).epsilon(1e-12));
+  CHECK(again.rows[1].stats.finite_positions == first.rows[1].stats.finite_positions);
+  CHECK(listing(dir) == entries_before);
+  CHECK(fs::is_empty(dir / ".res.h5.lock"));
+  CHECK(file_id(dir / "res.h5") == before);
+  CHECK(file_bytes(dir / "res.h5") == bytes);
+
+  // What does need the lock still asks for it: a different sweep with --force.
+  auto forced = options(dir / "res.h5", N, {"shared:nvfp4+sr"});
+  forced.force = true;
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, forced), doctest::Contains("cannot create lock file"));
+  CHECK(file_bytes(dir / "res.h5") == bytes);
+
+  // A work directory left by a run that died after its final rename is removed when the lock can
+  // be had, and only noted when it cannot.
+  fs::create_directories(dir / ".res.h5.parts");
+  std::ostringstream log;
+  auto logged = o;
+  logged.log = &log;
+  CHECK(eval::run_kl_sweep(model, books, logged).already_complete);
+  CHECK(fs::exists(dir / ".res.h5.parts"));
+  CHECK(log.str().find("could not remove") != std::string::npos);
+  fs::remove(dir / ".res.h5.lock");
+  CHECK(eval::run_kl_sweep(model, books, o).already_complete);
+  CHECK_FALSE(fs::exists(dir / ".res.h5.parts"));
+  CHECK(listing(dir) == std::vector<std::string>{"res.h5"});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("hostile outputs and work directories: refused or recomputed, never mixed in") {
+  const fs::path dir = fresh_dir("hostile");
+  TinySsmModel model({});
+  const int64_t N = 50;
+  const auto books = make_books(2, N + 1, model.vocab_size(), 20);
+  const std::vector<std::string> specs = {"shared:nvfp4+sr", "shared:fp16+sr"};
+
+  // --out is a directory.
+  fs::create_directories(dir / "adir.h5");
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, options(dir / "adir.h5", N, specs)),
+                    doctest::Contains("adir.h5 is a directory"));
+  // --out in a missing directory: created (like mkdir -p), the result written there.
+  CHECK(eval::run_kl_sweep(model, books, options(dir / "new" / "sub" / "r.h5", N, specs)).cells_run == 4);
+  CHECK(listing(dir / "new" / "sub") == std::vector<std::string>{"r.h5"});
+  // A truncated result file is not mistaken for a result, nor overwritten without --force.
+  const std::string whole = file_bytes(dir / "new" / "sub" / "r.h5");
+  std::ofstream(dir / "cut.h5", std::ios::binary).write(whole.data(), static_cast<std::streamsize>(whole.size() / 2));
+  CHECK_THROWS_WITH(eval::run_kl_sweep(model, books, options(dir / "cut.h5", N, specs)),
+                    doctest::Contains("cut.h5 exists and is not a readable kl-sweep result file"));
+  CHECK(fs::file_size(dir / "cut.h5") == whole.size() / 2);
+  // A cell file of this sweep's parts: another sweep's cell copied in, a corrupted one, one of
+  // another length. Each is recomputed, and the result equals an undisturbed run's.
+  model.reset_counters();
+  model.fail_after_forwards(3);  // book 0: reference + both configurations
+  auto o = options(dir / "res.h5", N, specs);
+  std::ostringstream log;
+  o.log = &log;
+  CHECK_THROWS(eval::run_kl_sweep(model, books, o));
+  const fs::path work = dir / ".res.h5.parts";
+  REQUIRE(fs::exists(work / "c0000-b00000.h5"));
+  model.reset_counters();
+  model.fail_after_forwards(2);  // another sweep (N - 1) in another folder leaves its cells too
+  CHECK_THROWS(eval::run_kl_sweep(model, books, options(dir / "other" / "res.h5", N - 1, specs)));
+  fs::copy_file(dir / "other" / ".res.h5.parts" / "c0000-b00000.h5", work / "c0000-b00001.h5");
+  {
+    const std::string cell = file_bytes(work / "c0001-b00000.h5");
+    std::ofstream(work / "c0001-b00000.h5", std::ios::binary).write(cell.data(), 100);  // truncated
+  }
+  model.reset_counters();
+  const eval::SweepOutcome r = eval::run_kl_sweep(model, books, o);
+  CHECK(r.cells_resumed == 1);  // only c0000-b00000 is this sweep's and whole
+  CHECK(r.cells_run == 3);
+  CHECK(log.str().find("c0000-b00001.h5 belongs to another sweep") != std::string::npos);
+  CHECK(log.str().find("c0001-b00000.h5: cannot open") != std::string::npos);
+  const auto undisturbed = eval::read_results_summary((dir / "new" / "sub" / "r.h5").string());
+  const auto resumed = eval::read_results_summary((dir / "res.h5").string());
+  REQUIRE(resumed.configs.size() == 2);
+  for (std::size_t c = 0; c < 2; ++c) {
+    CHECK(resumed.configs[c].aggregate.bucket_sum == undisturbed.configs[c].aggregate.bucket_sum);
+    CHECK(resumed.configs[c].aggregate.pct.value == undisturbed.configs[c].aggregate.pct.value);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the result records the build's host ISA, outside the sweep identity") {
+  const fs::path dir = fresh_dir("isa");
+  TinySsmModel model({});
+  const auto books = make_books(1, 41, model.vocab_size(), 21);
+  const auto o = options(dir / "res.h5", 40, {"shared:nvfp4+sr"});
+  eval::run_kl_sweep(model, books, o);
+  io::h5::Handle f = io::h5::open_file((dir / "res.h5").string());
+  CHECK(io::h5::read_attr_string(f, "host_isa") == build_host_isa());
+  CHECK(eval::read_results_summary((dir / "res.h5").string()).meta.host_isa == build_host_isa());
+  CHECK_FALSE(eval::sweep_identity(model, books, o).contains("host_isa"));
   fs::remove_all(dir);
 }
 

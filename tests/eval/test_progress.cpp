@@ -93,3 +93,23 @@ TEST_CASE("summary table: the paper's length columns when available, non-finite 
   const std::string short_run = format_summary_table({{"x", KlStats(length_bucket_edges(300))}});
   CHECK(short_run.find("KL@300") != std::string::npos);
 }
+
+TEST_CASE("summary table: non-finite shares are plain percentages, 100% only when every position is") {
+  const auto edges = length_bucket_edges(1000);
+  const auto share = [&](int64_t nonfinite, int64_t positions) {
+    KlStats s(edges);
+    s.positions = positions;
+    s.nonfinite_positions = nonfinite;
+    s.finite_positions = positions - nonfinite;
+    const std::string t = format_summary_table({{"p", s}});
+    const std::size_t open = t.find('(', t.find("\np "));
+    return t.substr(open, t.find(')', open) - open + 1);
+  };
+  CHECK(share(1000, 1000) == "(100%)");  // was "1e+02%"
+  CHECK(share(2, 3) == "(66.7%)");
+  CHECK(share(1, 2) == "(50%)");
+  CHECK(share(1, 1000) == "(0.1%)");
+  CHECK(share(1, 1000000) == "(<0.01%)");
+  CHECK(share(999999, 1000000) == "(>99.9%)");
+  CHECK(share(123, 1000000) == "(0.0123%)");
+}
