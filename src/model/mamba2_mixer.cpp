@@ -8,8 +8,7 @@
 namespace replayssm::model {
 
 Mamba2Mixer::Mamba2Mixer(WeightLoader& w, const std::string& p, const Mamba2Shape& s, int hidden) : s_(s) {
-  const int proj = s.intermediate() + s.conv_dim() + s.num_heads;
-  in_proj_ = w.linear(p + ".in_proj", proj, hidden, s.proj_bias);
+  in_proj_ = w.linear(p + ".in_proj", s.in_proj_width(), hidden, s.proj_bias);
   conv_w_ = w.conv_weight(p + ".conv1d.weight", s.conv_dim(), s.conv_kernel);
   if (s.conv_bias) conv_b_ = w.vector(p + ".conv1d.bias", s.conv_dim());
   dt_bias_ = w.vector(p + ".dt_bias", s.num_heads);
