@@ -174,8 +174,8 @@ std::string CausalLM::describe() const {
                      c.mlp.activation == MlpActivation::relu2 ? "relu^2" : "SwiGLU");
   o << fmt::format("parameters     {}\n", parameters_);
   if (!non_finite_.empty()) {
-    o << fmt::format("non-finite     {} tensor{} hold NaN or Inf (loaded as stored):\n", non_finite_.size(),
-                     non_finite_.size() == 1 ? "" : "s");
+    o << fmt::format("non-finite     {} {} NaN or Inf (loaded as stored):\n", non_finite_.size(),
+                     non_finite_.size() == 1 ? "tensor holds" : "tensors hold");
     for (const NonFiniteTensor& t : non_finite_)
       o << fmt::format("               {}: {} of {} ({})\n", t.name, t.count, t.elements, t.file);
   }

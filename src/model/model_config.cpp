@@ -167,7 +167,7 @@ void load_mamba2(ModelConfig& c, const JsonObject& j) {
   m.norm_group_size = m.intermediate();
   const std::string act = j.get_string("hidden_act", "silu");
   if (act != "silu" && act != "swish")
-    fail(j, fmt::format("hidden_act \"{}\" is not supported (expected \"silu\")", act));
+    fail(j, fmt::format("hidden_act \"{}\" is not supported (expected \"silu\")", printable(act)));
 }
 
 // Nemotron-H layer types as written in layers_block_type (aliases normalised), or from the legacy
@@ -283,7 +283,7 @@ void load_nemotron_h(ModelConfig& c, const JsonObject& j) {
     m.norm_group_size = m.intermediate() / m.n_groups;
     const std::string act = j.get_string("mamba_hidden_act", "silu");
     if (act != "silu" && act != "swish")
-      fail(j, fmt::format("mamba_hidden_act \"{}\" is not supported (expected \"silu\")", act));
+      fail(j, fmt::format("mamba_hidden_act \"{}\" is not supported (expected \"silu\")", printable(act)));
   }
   if (c.attention_layer_count() > 0) {
     auto& a = c.attention;
@@ -299,7 +299,7 @@ void load_nemotron_h(ModelConfig& c, const JsonObject& j) {
     c.mlp.intermediate_size = positive(j, "intermediate_size");
     c.mlp.bias = j.get_bool("mlp_bias", false);
     const std::string act = j.get_string("mlp_hidden_act", "relu2");
-    if (act != "relu2") fail(j, fmt::format("mlp_hidden_act \"{}\" is not supported (expected \"relu2\")", act));
+    if (act != "relu2") fail(j, fmt::format("mlp_hidden_act \"{}\" is not supported (expected \"relu2\")", printable(act)));
     c.mlp.activation = MlpActivation::relu2;
   }
 }
@@ -339,7 +339,7 @@ void load_qwen3_5_text(ModelConfig& c, const JsonObject& j, const JsonObject* ou
   }
   const std::string act = j.get_string("hidden_act", "silu");
   if (act != "silu" && act != "swish")
-    fail(j, fmt::format("hidden_act \"{}\" is not supported (expected \"silu\")", act));
+    fail(j, fmt::format("hidden_act \"{}\" is not supported (expected \"silu\")", printable(act)));
   c.mlp.intermediate_size = positive(j, "intermediate_size");
   c.mlp.activation = MlpActivation::swiglu;
   c.mlp.bias = false;
@@ -487,12 +487,12 @@ ModelConfig ModelConfig::from_json_file(const std::string& path) {
     throw std::runtime_error(
         fmt::format("{}: model_type \"{}\" is a mixture-of-experts model: not supported yet "
                     "(supported: mamba2, nemotron_h, qwen3_5, qwen3_5_text)",
-                    path, c.model_type));
+                    path, printable(c.model_type)));
   } else {
     throw std::runtime_error(
         fmt::format("{}: unknown model_type \"{}\" (supported: mamba2, nemotron_h, qwen3_5, "
                     "qwen3_5_text)",
-                    path, c.model_type));
+                    path, printable(c.model_type)));
   }
   return c;
 }

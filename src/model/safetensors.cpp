@@ -220,11 +220,19 @@ TensorStore::TensorStore(const std::string& model_dir) : dir_(model_dir) {
   const fs::path dir(model_dir);
   const fs::path index = dir / "model.safetensors.index.json";
   const fs::path single = dir / "model.safetensors";
-  if (fs::exists(index)) {
+  const bool has_index = fs::exists(index) || fs::is_symlink(index);
+  const bool has_single = fs::exists(single) || fs::is_symlink(single);  // a dangling link is named when opened
+  // transformers would read model.safetensors, an index-first reader the shards: refuse to guess.
+  if (has_index && has_single)
+    throw std::runtime_error(
+        fmt::format("{}: both model.safetensors and model.safetensors.index.json are present (expected one of them: "
+                    "which weights are meant?)",
+                    model_dir));
+  if (has_index) {
     const nlohmann::json j = read_json_file(index.string());
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      throw std::runtime_error(
-          fmt::format("{}: missing \"weight_map\" object (expected {{tensor name: shard file}})", index.string()));
+    if (!j.contains("weight_map") || !j["weight_map"].is_object() || j["weight_map"].empty())
+      throw std::runtime_error(fmt::format(
+          "{}: missing or empty \"weight_map\" object (expected {{tensor name: shard file}})", index.string()));
     std::map<std::string, const SafetensorsFile*> opened;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it.value().is_string())
@@ -251,11 +259,16 @@ TensorStore::TensorStore(const std::string& model_dir) : dir_(model_dir) {
                         f->second->path(), it.key(), index.string()));
       entries_[it.key()] = Entry{f->second, t};
     }
-    // Tensors present in shards but missing from the index are still part of the checkpoint.
+    // Tensors present in shards but missing from the index are still part of the checkpoint; one
+    // stored in two shards is ambiguous (which copy is meant?).
     for (const auto& file : files_)
-      for (const auto& [name, t] : file->tensors())
-        if (!entries_.count(name)) entries_[name] = Entry{file.get(), &t};
-  } else if (fs::exists(single) || fs::is_symlink(single)) {  // a dangling link is named by SafetensorsFile
+      for (const auto& [name, t] : file->tensors()) {
+        const auto [it, added] = entries_.try_emplace(name, Entry{file.get(), &t});
+        if (!added && it->second.file != file.get())
+          throw std::runtime_error(fmt::format("{}: tensor '{}' is stored in two shards, {} and {} (expected one copy)",
+                                               index.string(), name, it->second.file->path(), file->path()));
+      }
+  } else if (has_single) {
     files_.push_back(std::make_unique<SafetensorsFile>(single.string()));
     for (const auto& [name, t] : files_.back()->tensors()) entries_[name] = Entry{files_.back().get(), &t};
   } else {

@@ -18,6 +18,7 @@
 #include "model/json_util.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
+#include "model/tensor_ops.h"
 #include "test_model_util.h"
 
 using namespace replayssm;
@@ -425,4 +426,57 @@ TEST_CASE("directories, FIFOs and broken links in place of files get clear messa
     fs::create_symlink("gone.json", cfg);
     CHECK(contains(load_error(dir), cfg.string() + ": is a broken symbolic link to 'gone.json'"));
   }
+}
+
+TEST_CASE("a tensor stored in two shards is refused, not resolved silently") {
+  TempDir tmp;
+  const fs::path dir = tmp.path() / "m";
+  copy_model("mamba2_tiny", dir);
+  RawTensors raw = read_safetensors_raw(dir / "model.safetensors");
+  fs::remove(dir / "model.safetensors");
+  RawTensors s1, s2;
+  nlohmann::json index = {{"weight_map", nlohmann::json::object()}};
+  int i = 0;
+  for (const auto& [n, t] : raw) {
+    const bool first = (i++ % 2) == 0;
+    (first ? s1 : s2)[n] = t;
+    index["weight_map"][n] = first ? "a.safetensors" : "b.safetensors";
+  }
+  const std::string victim = "backbone.layers.1.mixer.D";
+  REQUIRE(s1.count(victim) + s2.count(victim) == 1);
+  RawTensors& other = s1.count(victim) ? s2 : s1;
+  other[victim] = raw[victim];
+  set_f32(other[victim], 0, 123.0f);  // a stale, different copy
+  write_safetensors_raw(dir / "a.safetensors", s1);
+  write_safetensors_raw(dir / "b.safetensors", s2);
+  spit(dir / "model.safetensors.index.json", index.dump());
+  const std::string e = load_error(dir);
+  CHECK(contains(e, (dir / "model.safetensors.index.json").string() + ": tensor '" + victim +
+                        "' is stored in two shards"));
+  CHECK(contains(e, (dir / "a.safetensors").string()));
+  CHECK(contains(e, (dir / "b.safetensors").string()));
+  CHECK(contains(e, "(expected one copy)"));
+}
+
+TEST_CASE("rms_norm_rows refuses a group that does not divide the width") {
+  Mat x = Mat::Constant(2, 6, 0.5f);
+  const Vec w = Vec::Ones(6);
+  CHECK_THROWS_WITH(rms_norm_rows(x, w, 1e-6f, false, 4, 1), doctest::Contains("group 4 must divide the width 6"));
+  CHECK_THROWS_WITH(rms_norm_rows(x, Vec::Ones(5), 1e-6f, false, 3, 1), doctest::Contains("weight has 5"));
+  rms_norm_rows(x, w, 1e-6f, false, 3, 1);
+  CHECK(x(1, 5) == doctest::Approx(1.0f / std::sqrt(1.0f + 4e-6f)));
+}
+
+TEST_CASE("model.safetensors beside an index, or an empty index, is refused") {
+  TempDir tmp;
+  const fs::path dir = tmp.path() / "m";
+  copy_model("mamba2_tiny", dir);
+  // Before: the index won silently, where transformers reads model.safetensors.
+  spit(dir / "model.safetensors.index.json", nlohmann::json{{"weight_map", {{"lm_head.weight", "x.safetensors"}}}}.dump());
+  CHECK(contains(load_error(dir), dir.string() + ": both model.safetensors and model.safetensors.index.json are present "
+                                                 "(expected one of them"));
+  fs::remove(dir / "model.safetensors");
+  spit(dir / "model.safetensors.index.json", nlohmann::json{{"weight_map", nlohmann::json::object()}}.dump());
+  CHECK(contains(load_error(dir), (dir / "model.safetensors.index.json").string() +
+                                      ": missing or empty \"weight_map\" object (expected {tensor name: shard file})"));
 }
