@@ -1,6 +1,7 @@
 // replayssm info MODEL_DIR: architecture, layer pattern, SSM head shapes and parameter count of a
 // Hugging Face checkpoint. Validates config.json and every tensor's presence, dtype and shape
-// without reading weight data, so it is cheap on large checkpoints.
+// without converting weight data (each tensor is only scanned in place for NaN and Inf, which
+// are listed by tensor), so it stays cheap on large checkpoints.
 #include <iostream>
 #include <memory>
 
@@ -15,8 +16,8 @@ void register_info(CLI::App& app) {
       "info",
       "Describe a Hugging Face checkpoint directory (config.json + model.safetensors or sharded index):\n"
       "architecture, layer pattern (M Mamba-2, G Gated DeltaNet, * attention, - MLP), SSM head shapes\n"
-      "(key heads, value heads, dk, dv) and parameter count. Supported model_type: mamba2, nemotron_h,\n"
-      "qwen3_5 / qwen3_5_text.");
+      "(key heads, value heads, dk, dv), parameter count and the tensors holding NaN or Inf, if any.\n"
+      "Supported model_type: mamba2, nemotron_h, qwen3_5 / qwen3_5_text.");
   cmd->add_option("MODEL_DIR", *dir, "model directory")->required();
   cmd->callback([dir] { std::cout << model::CausalLM::inspect(*dir).describe(); });
 }

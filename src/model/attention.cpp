@@ -3,17 +3,24 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "model/layers.h"
 
 namespace replayssm::model {
 
 Attention::Attention(WeightLoader& w, const std::string& p, const AttentionShape& s, int hidden) : s_(s) {
+  if (s.num_kv_heads <= 0 || s.num_heads % s.num_kv_heads != 0 || s.rotary_dim % 2 != 0 || s.rotary_dim > s.head_dim)
+    throw std::invalid_argument(fmt::format(
+        "{}: num_kv_heads {} must divide num_heads {}; rotary_dim {} must be even and at most head_dim {}", p,
+        s.num_kv_heads, s.num_heads, s.rotary_dim, s.head_dim));
   const int hd = s.head_dim;
-  q_ = w.linear(p + ".q_proj", s.num_heads * hd * (s.output_gate ? 2 : 1), hidden, s.bias);
-  k_ = w.linear(p + ".k_proj", s.num_kv_heads * hd, hidden, s.bias);
-  v_ = w.linear(p + ".v_proj", s.num_kv_heads * hd, hidden, s.bias);
-  o_ = w.linear(p + ".o_proj", hidden, s.num_heads * hd, s.bias);
+  q_ = w.linear(p + ".q_proj", s.q_proj_width(), hidden, s.bias);
+  k_ = w.linear(p + ".k_proj", s.kv_width(), hidden, s.bias);
+  v_ = w.linear(p + ".v_proj", s.kv_width(), hidden, s.bias);
+  o_ = w.linear(p + ".o_proj", hidden, s.attention_width(), s.bias);
   if (s.qk_norm) {
     q_norm_ = w.vector(p + ".q_norm.weight", hd);
     k_norm_ = w.vector(p + ".k_norm.weight", hd);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -30,7 +31,15 @@ CausalLM::CausalLM(CausalLM&&) noexcept = default;
 CausalLM& CausalLM::operator=(CausalLM&&) noexcept = default;
 CausalLM::~CausalLM() = default;
 
-CausalLM CausalLM::load(const std::string& model_dir) { return build(model_dir, false); }
+CausalLM CausalLM::load(const std::string& model_dir) {
+  CausalLM m = build(model_dir, false);
+  // Loaded as stored (such checkpoints are worth studying), but never silently.
+  for (const NonFiniteTensor& t : m.non_finite_)
+    std::cerr << fmt::format("warning: {}: tensor '{}' holds {} non-finite value{} (NaN or Inf) among {}; loaded as "
+                             "stored\n",
+                             t.file, t.name, t.count, t.count == 1 ? "" : "s", t.elements);
+  return m;
+}
 CausalLM CausalLM::inspect(const std::string& model_dir) { return build(model_dir, true); }
 
 CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
@@ -99,13 +108,23 @@ CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
   }
   m.final_norm_ = w.vector(final_norm_name, d);
   if (c.tie_word_embeddings) {
-    store.ignore_prefix("lm_head.");  // tied: transformers uses the embedding matrix
+    // Tied: transformers uses the embedding matrix. A stored lm_head.weight must then be a copy of
+    // it: a different one leaves open which matrix the checkpoint means.
+    if (store.contains("lm_head.weight")) {
+      store.check("lm_head.weight", {vocab, d});
+      if (!store.same_values("lm_head.weight", embed_name))
+        throw std::runtime_error(fmt::format(
+            "{}: tensor 'lm_head.weight' differs from the embeddings '{}', but {} says tie_word_embeddings = true "
+            "(expected no lm_head.weight, an identical copy, or tie_word_embeddings = false)",
+            store.files_description(), embed_name, c.source));
+    }
   } else {
     m.lm_head_ = w.matrix("lm_head.weight", vocab, d);
   }
   store.check_all_used(fmt::format("{} ({})", to_string(c.arch), c.source));
   m.parameters_ = w.parameter_count();
   m.runnable_ = !shapes_only;
+  m.non_finite_ = store.non_finite();
   return m;
 }
 
@@ -154,6 +173,12 @@ std::string CausalLM::describe() const {
     o << fmt::format("MLP            {} blocks: intermediate {}, {}\n", n_mlp, c.mlp.intermediate_size,
                      c.mlp.activation == MlpActivation::relu2 ? "relu^2" : "SwiGLU");
   o << fmt::format("parameters     {}\n", parameters_);
+  if (!non_finite_.empty()) {
+    o << fmt::format("non-finite     {} {} NaN or Inf (loaded as stored):\n", non_finite_.size(),
+                     non_finite_.size() == 1 ? "tensor holds" : "tensors hold");
+    for (const NonFiniteTensor& t : non_finite_)
+      o << fmt::format("               {}: {} of {} ({})\n", t.name, t.count, t.elements, t.file);
+  }
   return o.str();
 }
 
@@ -219,12 +244,29 @@ void CausalLM::lm_head(const Eigen::Ref<const Mat>& h, bool log_softmax, int thr
   const std::size_t count = static_cast<std::size_t>(h.rows());
   out.resize(static_cast<Eigen::Index>(count), vocab);
   const int t = resolve_threads(threads);
+  // Eigen's product handles a remainder of fewer rows than a SIMD packet (16 floats with AVX-512)
+  // with other kernels, whose rounding differs; zero rows pad the slice to a multiple of 16 so that
+  // a position's logits do not depend on how positions are chunked.
+  constexpr Eigen::Index kRowMultiple = 16;
+  const Eigen::Index rows = static_cast<Eigen::Index>(count);
+  const Eigen::Index padded_rows = (rows + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
+  Mat padded;
+  if (padded_rows != rows) {
+    padded = Mat::Zero(padded_rows, h.cols());
+    padded.topRows(rows) = h;
+  }
+  const Eigen::Ref<const Mat> x = padded_rows != rows ? Eigen::Ref<const Mat>(padded) : h;
   // Fixed blocks of the vocabulary (not per thread): results do not depend on the thread count.
   constexpr Eigen::Index kCols = 2048;
   const int col_blocks = static_cast<int>((vocab + kCols - 1) / kCols);
   parallel_for(col_blocks, t, [&](int b) {
     const Eigen::Index c0 = b * kCols, c = std::min(kCols, vocab - c0);
-    out.middleCols(c0, c).noalias() = h * w.middleRows(c0, c).transpose();
+    if (padded_rows == rows) {
+      out.middleCols(c0, c).noalias() = x * w.middleRows(c0, c).transpose();
+    } else {
+      const Mat block = x * w.middleRows(c0, c).transpose();
+      out.middleCols(c0, c) = block.topRows(rows);
+    }
   });
   if (!log_softmax) return;
   parallel_for(static_cast<int>(count), t, [&](int r) {

@@ -29,6 +29,7 @@
 
 #include "model/layers.h"
 #include "model/model_config.h"
+#include "model/safetensors.h"
 #include "ssm/precision_policy.h"
 
 namespace replayssm::model {
@@ -73,8 +74,11 @@ class CausalLM {
   // std::runtime_error naming file, tensor and expectation on any inconsistency, including
   // tensors the model does not use.
   static CausalLM load(const std::string& model_dir);
-  // The same validation without reading weight data: for `replayssm info` on large checkpoints.
-  // The result has shapes and a parameter count but cannot run.
+  // Tensors holding NaN or Inf are loaded as stored, with a warning on stderr naming each one
+  // and its count (see non_finite_weights()).
+  // The same validation without converting weight data: for `replayssm info` on large
+  // checkpoints (each tensor is only scanned in place for NaN and Inf). The result has shapes, a
+  // parameter count and the non-finite report, but cannot run.
   static CausalLM inspect(const std::string& model_dir);
 
   CausalLM(CausalLM&&) noexcept;
@@ -86,7 +90,10 @@ class CausalLM {
   std::size_t parameter_count() const { return parameters_; }
   int vocab_size() const { return config_.vocab_size; }
   std::vector<LayerInfo> layers() const;
-  // Human-readable summary (architecture, pattern, SSM head shapes, parameter count).
+  // Tensors of the checkpoint that hold NaN or Inf values (empty for a clean checkpoint).
+  const std::vector<NonFiniteTensor>& non_finite_weights() const { return non_finite_; }
+  // Human-readable summary (architecture, pattern, SSM head shapes, parameter count, and the
+  // tensors holding NaN or Inf, if any).
   std::string describe() const;
 
   // Teacher-forced forward of `tokens` under each variant (one pass per variant through the
@@ -122,6 +129,7 @@ class CausalLM {
   Mat lm_head_;  // vocab x hidden (empty when tied: embed_ is used)
   Vec final_norm_;
   std::vector<Layer> layers_;
+  std::vector<NonFiniteTensor> non_finite_;
 };
 
 }  // namespace replayssm::model

@@ -1,6 +1,9 @@
 // Gated DeltaNet, following transformers' Qwen3_5GatedDeltaNet (torch path).
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "model/layers.h"
 #include "ssm/sequence_emulator.h"
@@ -8,6 +11,9 @@
 namespace replayssm::model {
 
 GatedDeltaNet::GatedDeltaNet(WeightLoader& w, const std::string& p, const GdnShape& s, int hidden) : s_(s) {
+  if (s.num_k_heads <= 0 || s.num_v_heads % s.num_k_heads != 0)  // ModelConfig refuses this too
+    throw std::invalid_argument(
+        fmt::format("{}: num_k_heads {} must divide num_v_heads {}", p, s.num_k_heads, s.num_v_heads));
   in_qkv_ = w.linear(p + ".in_proj_qkv", s.conv_dim(), hidden, false);
   in_z_ = w.linear(p + ".in_proj_z", s.value_dim(), hidden, false);
   in_b_ = w.linear(p + ".in_proj_b", s.num_v_heads, hidden, false);

@@ -1,5 +1,7 @@
 #include "model/json_util.h"
 
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -61,6 +63,17 @@ std::string printable(const std::string& text) {
 }
 
 nlohmann::json read_json_file(const std::string& path) {
+  // Checked before opening: a directory would read as empty text ("not valid JSON"), a FIFO
+  // would block forever.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st) && fs::is_symlink(fs::symlink_status(path, ec)))
+    throw std::runtime_error(
+        fmt::format("{}: is a broken symbolic link to '{}', expected a JSON file", path, fs::read_symlink(path, ec).string()));
+  if (fs::is_directory(st)) throw std::runtime_error(fmt::format("{}: is a directory, expected a JSON file", path));
+  if (fs::exists(st) && !fs::is_regular_file(st))
+    throw std::runtime_error(fmt::format("{}: is not a regular file, expected a JSON file", path));
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(fmt::format("{}: cannot open", path));
   std::stringstream ss;
@@ -101,9 +114,17 @@ void JsonObject::wrong(const std::string& key, const char* expected) const {
 int64_t JsonObject::get_int(const std::string& key) const {
   if (!has(key)) wrong(key, "an integer");
   const auto& v = j_[key];
+  // Unsigned values above INT64_MAX would wrap negative.
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    wrong(key, "an integer (of at most 9223372036854775807)");
   if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())))
-    return static_cast<int64_t>(v.get<double>());
+  // An integral float (8.0) is accepted; the range test comes before the cast, which is
+  // undefined for NaN, infinities and values outside [-2^63, 2^63).
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    constexpr double two63 = 9223372036854775808.0;
+    if (std::isfinite(d) && d >= -two63 && d < two63 && std::trunc(d) == d) return static_cast<int64_t>(d);
+  }
   wrong(key, "an integer");
 }
 double JsonObject::get_double(const std::string& key) const {

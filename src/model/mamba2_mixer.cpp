@@ -1,6 +1,9 @@
 // Mamba-2 mixer, following transformers' Mamba2Mixer / NemotronHMamba2Mixer (torch path).
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "model/layers.h"
 #include "ssm/sequence_emulator.h"
@@ -8,8 +11,12 @@
 namespace replayssm::model {
 
 Mamba2Mixer::Mamba2Mixer(WeightLoader& w, const std::string& p, const Mamba2Shape& s, int hidden) : s_(s) {
-  const int proj = s.intermediate() + s.conv_dim() + s.num_heads;
-  in_proj_ = w.linear(p + ".in_proj", proj, hidden, s.proj_bias);
+  // ModelConfig refuses these; a shape built by hand must not leave heads uncomputed either.
+  if (s.n_groups <= 0 || s.num_heads % s.n_groups != 0 || s.norm_group_size <= 0 ||
+      s.intermediate() % s.norm_group_size != 0)
+    throw std::invalid_argument(fmt::format("{}: n_groups {} must divide num_heads {}, norm group {} the width {}", p,
+                                            s.n_groups, s.num_heads, s.norm_group_size, s.intermediate()));
+  in_proj_ = w.linear(p + ".in_proj", s.in_proj_width(), hidden, s.proj_bias);
   conv_w_ = w.conv_weight(p + ".conv1d.weight", s.conv_dim(), s.conv_kernel);
   if (s.conv_bias) conv_b_ = w.vector(p + ".conv1d.bias", s.conv_dim());
   dt_bias_ = w.vector(p + ".dt_bias", s.num_heads);

@@ -11,39 +11,127 @@
 #include "model/json_util.h"
 
 namespace replayssm::model {
+
+int checked_width(int64_t width, const char* formula) {
+  if (width < 0 || width > kMaxWidth)
+    throw std::length_error(fmt::format("{} = {} exceeds {} (or is negative): not a supported layer width", formula,
+                                        width, kMaxWidth));
+  return static_cast<int>(width);
+}
+
 namespace {
 
 [[noreturn]] void fail(const JsonObject& j, const std::string& what) {
   throw std::runtime_error(fmt::format("{}: {}", j.where(), what));
 }
 
-int positive(const JsonObject& j, const std::string& key) {
+// ---- integers ----
+
+int64_t bounded_positive(const JsonObject& j, const std::string& key, int64_t max) {
   const int64_t v = j.get_int(key);
-  if (v <= 0 || v > (int64_t{1} << 30))
-    fail(j, fmt::format("config key \"{}\" is {}, expected a positive integer", key, v));
-  return static_cast<int>(v);
+  if (v <= 0 || v > max)
+    fail(j, fmt::format("config key \"{}\" is {}, expected a positive integer no larger than {}", key, v, max));
+  return v;
+}
+int positive(const JsonObject& j, const std::string& key) {
+  return static_cast<int>(bounded_positive(j, key, kMaxWidth));
 }
 int positive(const JsonObject& j, const std::string& key, int dflt) { return j.has(key) ? positive(j, key) : dflt; }
+int layer_count(const JsonObject& j, const std::string& key) {
+  return static_cast<int>(bounded_positive(j, key, kMaxLayers));
+}
 
-// First present key among aliases (transformers' legacy spellings), else the default.
-int positive_alias(const JsonObject& j, std::initializer_list<const char*> keys, int dflt) {
+// First present key among aliases (transformers' legacy spellings), else the first one.
+std::string present_alias(const JsonObject& j, std::initializer_list<const char*> keys) {
   for (const char* k : keys)
-    if (j.has(k)) return positive(j, k);
-  return dflt;
+    if (j.has(k)) return k;
+  return *keys.begin();
 }
-template <class F>
-auto alias(const JsonObject& j, std::initializer_list<const char*> keys, F get) -> decltype(get(std::string())) {
-  for (const char* k : keys)
-    if (j.has(k)) return get(std::string(k));
-  return get(std::string(*keys.begin()));
+
+// `divisor_key` must divide `multiple_key` (head groups: each group serves the same number of heads).
+void check_divides(const JsonObject& j, const std::string& divisor_key, int divisor, const std::string& multiple_key,
+                   int multiple, const char* why) {
+  if (multiple % divisor != 0)
+    fail(j, fmt::format("config key \"{}\" is {}, expected a divisor of {} = {} ({})", divisor_key, divisor,
+                        multiple_key, multiple, why));
 }
+
+// A layer width derived from config fields, computed in 64 bits from fields <= kMaxWidth.
+void check_width(const JsonObject& j, const std::string& formula, int64_t width) {
+  if (width > kMaxWidth)
+    fail(j, fmt::format("{} = {} exceeds {}, the widest layer supported", formula, width, kMaxWidth));
+}
+
+// ---- floats (every one the forward pass reads) ----
+
+constexpr double kFloatMax = std::numeric_limits<float>::max();
+constexpr double kFloatMin = std::numeric_limits<float>::min();  // smallest normal float32
+
+double number_in(const JsonObject& j, const std::string& key, double dflt, bool (*ok)(double),
+                 const std::string& expected) {
+  const double v = j.get_double(key, dflt);
+  if (!ok(v)) fail(j, fmt::format("config key \"{}\" is {}, expected {}", key, v, expected));
+  return v;
+}
+
+// An RMSNorm epsilon (models use 1e-5 .. 1e-6). Zero, negative or NaN makes outputs NaN; a large
+// or infinite one flattens every activation, which reads as a perfect KL of 0.
+double epsilon(const JsonObject& j, const std::string& key, double dflt) {
+  return number_in(
+      j, key, dflt, [](double v) { return v >= kFloatMin && v <= 1.0; },
+      fmt::format("a finite number in [{}, 1] (an RMSNorm epsilon)", static_cast<float>(kFloatMin)));
+}
+
+double rope_theta(const JsonObject& j, const std::string& key, double dflt) {
+  return number_in(
+      j, key, dflt, [](double v) { return v > 1.0 && v <= kFloatMax; },
+      fmt::format("a finite number in (1, {}] (the RoPE base)", static_cast<float>(kFloatMax)));
+}
+
+double rotary_fraction(const JsonObject& j, const std::string& key, double dflt) {
+  return number_in(
+      j, key, dflt, [](double v) { return v > 0.0 && v <= 1.0; }, "a number in (0, 1]");
+}
+
+// A lower clamp of dt (applied in float32).
+double dt_floor(const JsonObject& j, const std::string& key, double dflt) {
+  return number_in(
+      j, key, dflt, [](double v) { return v >= 0.0 && v <= kFloatMax; },
+      fmt::format("a finite number in [0, {}]", static_cast<float>(kFloatMax)));
+}
+
+// ---- shared shape checks ----
+
+// Key names of the Mamba-2 fields (Mamba2 and Nemotron-H spell them differently).
+struct Mamba2Keys {
+  std::string heads, head_dim, state, groups;
+};
+
+void check_mamba2(const JsonObject& j, const Mamba2Shape& m, const Mamba2Keys& k) {
+  check_divides(j, k.groups, m.n_groups, k.heads, m.num_heads, "the heads of a group share B and C");
+  const int64_t inter = int64_t{m.num_heads} * m.head_dim, bc = 2 * int64_t{m.n_groups} * m.state_size;
+  check_width(j, fmt::format("{} * {}", k.heads, k.head_dim), inter);
+  check_width(j, fmt::format("2 * {} * {}", k.groups, k.state), bc);
+  check_width(j, fmt::format("in_proj width 2 * {} * {} + 2 * {} * {} + {}", k.heads, k.head_dim, k.groups, k.state, k.heads),
+              2 * inter + bc + m.num_heads);
+}
+
+void check_attention(const JsonObject& j, const AttentionShape& a, const std::string& head_dim_key) {
+  check_divides(j, "num_key_value_heads", a.num_kv_heads, "num_attention_heads", a.num_heads,
+                "query heads are shared out evenly over key/value heads");
+  const int64_t width = int64_t{a.num_heads} * a.head_dim;
+  check_width(j, fmt::format("num_attention_heads * {}", head_dim_key), width);
+  if (a.output_gate) check_width(j, fmt::format("2 * num_attention_heads * {}", head_dim_key), 2 * width);
+  check_width(j, fmt::format("num_key_value_heads * {}", head_dim_key), int64_t{a.num_kv_heads} * a.head_dim);
+}
+
+// ---- architectures ----
 
 void load_mamba2(ModelConfig& c, const JsonObject& j) {
   c.vocab_size = positive(j, "vocab_size");
   c.hidden_size = positive(j, "hidden_size");
-  const int n_layers = positive(j, "num_hidden_layers");
-  c.layers.assign(n_layers, LayerKind::mamba2);
-  c.norm_eps = j.get_double("layer_norm_epsilon", 1e-5);
+  c.layers.assign(layer_count(j, "num_hidden_layers"), LayerKind::mamba2);
+  c.norm_eps = epsilon(j, "layer_norm_epsilon", 1e-5);
   c.tie_word_embeddings = j.get_bool("tie_word_embeddings", false);
   auto& m = c.mamba;
   m.num_heads = positive(j, "num_heads");
@@ -58,10 +146,16 @@ void load_mamba2(ModelConfig& c, const JsonObject& j) {
   if (static_cast<int64_t>(c.hidden_size) * expand != static_cast<int64_t>(m.num_heads) * m.head_dim)
     fail(j, fmt::format("hidden_size * expand = {} * {} must equal num_heads * head_dim = {} * {}", c.hidden_size,
                         expand, m.num_heads, m.head_dim));
+  check_mamba2(j, m, {"num_heads", "head_dim", "state_size", "n_groups"});
   if (j.has("time_step_limit")) {
     const auto lim = j.get_double_list("time_step_limit");
-    if (lim.size() != 2 || !(lim[0] <= lim[1]))
-      fail(j, fmt::format("config key \"time_step_limit\" is {}, expected [min, max]",
+    // dt = clamp(softplus(.), min, max) in float32; softplus >= 0, so min < 0 is meaningless and
+    // max = 0 would zero every update. max = Infinity is transformers' "no upper clamp".
+    const bool ok = lim.size() == 2 && lim[0] >= 0.0 && lim[0] <= kFloatMax && lim[1] > 0.0 && lim[1] >= lim[0] &&
+                    (lim[1] <= kFloatMax || std::isinf(lim[1]));
+    if (!ok)
+      fail(j, fmt::format("config key \"time_step_limit\" is {}, expected [min, max] with 0 <= min <= max, max > 0, "
+                          "min finite and max finite or Infinity (float32 range)",
                           j.json()["time_step_limit"].dump()));
     m.dt_min = lim[0];
     m.dt_max = lim[1];
@@ -73,47 +167,90 @@ void load_mamba2(ModelConfig& c, const JsonObject& j) {
   m.norm_group_size = m.intermediate();
   const std::string act = j.get_string("hidden_act", "silu");
   if (act != "silu" && act != "swish")
-    fail(j, fmt::format("hidden_act \"{}\" is not supported (expected \"silu\")", act));
+    fail(j, fmt::format("hidden_act \"{}\" is not supported (expected \"silu\")", printable(act)));
+}
+
+// Nemotron-H layer types as written in layers_block_type (aliases normalised), or from the legacy
+// hybrid_override_pattern string.
+std::string normalised_block_type(const std::string& t) {
+  if (t == "mamba") return "linear_attention";
+  if (t == "attention") return "full_attention";
+  return t;
+}
+char block_type_char(const std::string& t) {
+  if (t == "linear_attention") return 'M';
+  if (t == "full_attention") return '*';
+  if (t == "mlp") return '-';
+  if (t == "moe") return 'E';
+  return '?';
+}
+std::vector<std::string> types_from_pattern(const JsonObject& j, const std::string& p) {
+  if (static_cast<int64_t>(p.size()) > kMaxLayers)
+    fail(j, fmt::format("config key \"hybrid_override_pattern\" has {} layers, expected at most {}", p.size(),
+                        kMaxLayers));
+  std::vector<std::string> types;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    switch (p[i]) {
+      case 'M':
+        types.push_back("linear_attention");
+        break;
+      case '*':
+        types.push_back("full_attention");
+        break;
+      case '-':
+        types.push_back("mlp");
+        break;
+      case 'E':
+        types.push_back("moe");
+        break;
+      default:
+        fail(j, fmt::format("hybrid_override_pattern \"{}\": character '{}' at layer {} is not one of M * - E",
+                            printable(p), printable(std::string(1, p[i])), i));
+    }
+  }
+  return types;
 }
 
 void load_nemotron_h(ModelConfig& c, const JsonObject& j) {
   c.vocab_size = positive(j, "vocab_size");
   c.hidden_size = positive(j, "hidden_size");
-  c.norm_eps = j.get_double("layer_norm_epsilon", 1e-5);
+  c.norm_eps = epsilon(j, "layer_norm_epsilon", 1e-5);
   c.tie_word_embeddings = j.get_bool("tie_word_embeddings", false);
   std::vector<std::string> types;
+  std::string pattern_key;
   if (j.has("layers_block_type")) {
-    types = j.get_string_list("layers_block_type");
-  } else if (j.has("hybrid_override_pattern")) {
-    const std::string p = j.get_string("hybrid_override_pattern");
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      switch (p[i]) {
-        case 'M':
-          types.push_back("linear_attention");
-          break;
-        case '*':
-          types.push_back("full_attention");
-          break;
-        case '-':
-          types.push_back("mlp");
-          break;
-        case 'E':
-          types.push_back("moe");
-          break;
-        default:
-          fail(j, fmt::format("hybrid_override_pattern \"{}\": character '{}' at layer {} is not one of M * - E", p,
-                              p[i], i));
+    pattern_key = "layers_block_type";
+    for (const std::string& t : j.get_string_list("layers_block_type")) types.push_back(normalised_block_type(t));
+    if (static_cast<int64_t>(types.size()) > kMaxLayers)
+      fail(j, fmt::format("config key \"layers_block_type\" has {} layers, expected at most {}", types.size(),
+                          kMaxLayers));
+    // Both spellings present: they must describe the same layers.
+    if (j.has("hybrid_override_pattern")) {
+      const std::string legacy = j.get_string("hybrid_override_pattern");
+      if (types_from_pattern(j, legacy) != types) {
+        std::string pattern;
+        for (const auto& t : types) pattern += block_type_char(t);
+        fail(j, fmt::format("config key \"hybrid_override_pattern\" is \"{}\", which disagrees with layers_block_type "
+                            "(\"{}\"): expected one of the two, or the same layers",
+                            printable(legacy), pattern));
       }
     }
+  } else if (j.has("hybrid_override_pattern")) {
+    pattern_key = "hybrid_override_pattern";
+    types = types_from_pattern(j, j.get_string("hybrid_override_pattern"));
   } else {
     fail(j, "missing config key \"layers_block_type\" (or the legacy \"hybrid_override_pattern\")");
   }
   if (types.empty()) fail(j, "the layer pattern is empty");
+  // transformers derives num_hidden_layers from the pattern; a different one written beside it is a contradiction.
+  if (j.has("num_hidden_layers") && j.get_int("num_hidden_layers") != static_cast<int64_t>(types.size()))
+    fail(j, fmt::format("config key \"num_hidden_layers\" is {}, expected {} (the length of {})",
+                        j.get_int("num_hidden_layers"), types.size(), pattern_key));
   for (std::size_t i = 0; i < types.size(); ++i) {
     const std::string& t = types[i];
-    if (t == "linear_attention" || t == "mamba")
+    if (t == "linear_attention")
       c.layers.push_back(LayerKind::mamba2);
-    else if (t == "full_attention" || t == "attention")
+    else if (t == "full_attention")
       c.layers.push_back(LayerKind::attention);
     else if (t == "mlp")
       c.layers.push_back(LayerKind::mlp);
@@ -122,48 +259,47 @@ void load_nemotron_h(ModelConfig& c, const JsonObject& j) {
                           "(dense Nemotron-H only)",
                           i));
     else
-      fail(j, fmt::format("layer {} has type \"{}\", expected linear_attention, full_attention, mlp (or moe)", i, t));
+      fail(j, fmt::format("layer {} has type \"{}\", expected linear_attention, full_attention, mlp (or moe)", i,
+                          printable(t)));
   }
   auto& m = c.mamba;
-  const bool any_mamba = c.ssm_layer_count() > 0;
-  if (any_mamba) {
+  if (c.ssm_layer_count() > 0) {
+    const std::string groups_key = present_alias(j, {"mamba_n_groups", "n_groups"});
+    const std::string conv_key = present_alias(j, {"mamba_d_conv", "conv_kernel"});
+    const std::string conv_bias_key = present_alias(j, {"mamba_conv_bias", "use_conv_bias"});
+    const std::string dt_min_key = present_alias(j, {"mamba_dt_min", "time_step_min"});
     m.num_heads = positive(j, "mamba_num_heads");
     m.head_dim = positive(j, "mamba_head_dim");
     m.state_size = positive(j, "ssm_state_size");
-    m.n_groups = positive_alias(j, {"mamba_n_groups", "n_groups"}, 8);
-    m.conv_kernel = positive_alias(j, {"mamba_d_conv", "conv_kernel"}, 4);
-    m.conv_bias =
-        alias(j, {"mamba_conv_bias", "use_conv_bias"}, [&](const std::string& k) { return j.get_bool(k, true); });
+    m.n_groups = positive(j, groups_key, 8);
+    m.conv_kernel = positive(j, conv_key, 4);
+    m.conv_bias = j.get_bool(conv_bias_key, true);
     m.proj_bias = j.get_bool("use_bias", false);
     // NemotronHMamba2Mixer clamps dt to [time_step_min, inf), whatever time_step_limit says.
-    m.dt_min =
-        alias(j, {"mamba_dt_min", "time_step_min"}, [&](const std::string& k) { return j.get_double(k, 0.001); });
+    m.dt_min = dt_floor(j, dt_min_key, 0.001);
     m.dt_max = std::numeric_limits<double>::infinity();
     m.norm_eps = c.norm_eps;
-    if (m.num_heads % m.n_groups != 0)
-      fail(j, fmt::format("mamba_num_heads {} is not a multiple of n_groups {}", m.num_heads, m.n_groups));
+    check_mamba2(j, m, {"mamba_num_heads", "mamba_head_dim", "ssm_state_size", groups_key});
     m.norm_group_size = m.intermediate() / m.n_groups;
     const std::string act = j.get_string("mamba_hidden_act", "silu");
     if (act != "silu" && act != "swish")
-      fail(j, fmt::format("mamba_hidden_act \"{}\" is not supported (expected \"silu\")", act));
+      fail(j, fmt::format("mamba_hidden_act \"{}\" is not supported (expected \"silu\")", printable(act)));
   }
   if (c.attention_layer_count() > 0) {
     auto& a = c.attention;
+    const std::string head_dim_key = present_alias(j, {"head_dim", "attention_head_dim"});
     a.num_heads = positive(j, "num_attention_heads");
     a.num_kv_heads = positive(j, "num_key_value_heads", a.num_heads);
-    a.head_dim = j.has("head_dim") ? positive(j, "head_dim") : positive(j, "attention_head_dim", 128);
-    if (a.num_heads % a.num_kv_heads != 0)
-      fail(j, fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", a.num_heads,
-                          a.num_kv_heads));
+    a.head_dim = positive(j, head_dim_key, 128);
     a.bias = false;  // NemotronHAttention has no projection biases
     a.rotary_dim = 0;
+    check_attention(j, a, head_dim_key);
   }
-  const bool any_mlp = std::count(c.layers.begin(), c.layers.end(), LayerKind::mlp) > 0;
-  if (any_mlp) {
+  if (std::count(c.layers.begin(), c.layers.end(), LayerKind::mlp) > 0) {
     c.mlp.intermediate_size = positive(j, "intermediate_size");
     c.mlp.bias = j.get_bool("mlp_bias", false);
     const std::string act = j.get_string("mlp_hidden_act", "relu2");
-    if (act != "relu2") fail(j, fmt::format("mlp_hidden_act \"{}\" is not supported (expected \"relu2\")", act));
+    if (act != "relu2") fail(j, fmt::format("mlp_hidden_act \"{}\" is not supported (expected \"relu2\")", printable(act)));
     c.mlp.activation = MlpActivation::relu2;
   }
 }
@@ -171,13 +307,18 @@ void load_nemotron_h(ModelConfig& c, const JsonObject& j) {
 void load_qwen3_5_text(ModelConfig& c, const JsonObject& j, const JsonObject* outer) {
   c.vocab_size = positive(j, "vocab_size");
   c.hidden_size = positive(j, "hidden_size");
-  const int n_layers = positive(j, "num_hidden_layers");
-  c.norm_eps = j.get_double("rms_norm_eps", 1e-6);
+  const int n_layers = layer_count(j, "num_hidden_layers");
+  c.norm_eps = epsilon(j, "rms_norm_eps", 1e-6);
   c.norm_plus_one = true;
   c.layer_has_mlp = true;
-  c.tie_word_embeddings = j.has("tie_word_embeddings") ? j.get_bool("tie_word_embeddings")
-                          : outer                      ? outer->get_bool("tie_word_embeddings", false)
-                                                       : false;
+  // Multimodal configs may write the flag outside text_config; two different values are a contradiction.
+  const bool inner_tie = j.has("tie_word_embeddings"), outer_tie = outer && outer->has("tie_word_embeddings");
+  if (inner_tie && outer_tie && j.get_bool("tie_word_embeddings") != outer->get_bool("tie_word_embeddings"))
+    fail(*outer, fmt::format("config key \"tie_word_embeddings\" is {}, but text_config says {} (expected one value)",
+                             outer->get_bool("tie_word_embeddings"), j.get_bool("tie_word_embeddings")));
+  c.tie_word_embeddings = inner_tie   ? j.get_bool("tie_word_embeddings")
+                          : outer_tie ? outer->get_bool("tie_word_embeddings")
+                                      : false;
   std::vector<std::string> types;
   if (j.has("layer_types")) {
     types = j.get_string_list("layer_types");
@@ -193,12 +334,12 @@ void load_qwen3_5_text(ModelConfig& c, const JsonObject& j, const JsonObject* ou
     else if (types[i] == "full_attention" || types[i] == "attention")
       c.layers.push_back(LayerKind::attention);
     else
-      fail(j,
-           fmt::format("layer_types[{}] is \"{}\", expected \"linear_attention\" or \"full_attention\"", i, types[i]));
+      fail(j, fmt::format("layer_types[{}] is \"{}\", expected \"linear_attention\" or \"full_attention\"", i,
+                          printable(types[i])));
   }
   const std::string act = j.get_string("hidden_act", "silu");
   if (act != "silu" && act != "swish")
-    fail(j, fmt::format("hidden_act \"{}\" is not supported (expected \"silu\")", act));
+    fail(j, fmt::format("hidden_act \"{}\" is not supported (expected \"silu\")", printable(act)));
   c.mlp.intermediate_size = positive(j, "intermediate_size");
   c.mlp.activation = MlpActivation::swiglu;
   c.mlp.bias = false;
@@ -210,42 +351,48 @@ void load_qwen3_5_text(ModelConfig& c, const JsonObject& j, const JsonObject* ou
   g.dv = positive(j, "linear_value_head_dim", 128);
   g.conv_kernel = positive(j, "linear_conv_kernel_dim", 4);
   g.norm_eps = c.norm_eps;
-  if (g.num_v_heads % g.num_k_heads != 0)
-    fail(j, fmt::format("linear_num_value_heads {} is not a multiple of linear_num_key_heads {}", g.num_v_heads,
-                        g.num_k_heads));
+  check_divides(j, "linear_num_key_heads", g.num_k_heads, "linear_num_value_heads", g.num_v_heads,
+                "value heads are shared out evenly over key heads");
+  const int64_t key_dim = int64_t{g.num_k_heads} * g.dk, value_dim = int64_t{g.num_v_heads} * g.dv;
+  check_width(j, "linear_num_key_heads * linear_key_head_dim", key_dim);
+  check_width(j, "linear_num_value_heads * linear_value_head_dim", value_dim);
+  check_width(j,
+              "in_proj_qkv width 2 * linear_num_key_heads * linear_key_head_dim + linear_num_value_heads * "
+              "linear_value_head_dim",
+              2 * key_dim + value_dim);
 
   auto& a = c.attention;
   a.num_heads = positive(j, "num_attention_heads");
   a.num_kv_heads = positive(j, "num_key_value_heads");
   a.head_dim = positive(j, "head_dim", 256);  // Qwen3_5TextConfig default
-  if (a.num_heads % a.num_kv_heads != 0)
-    fail(j, fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", a.num_heads,
-                        a.num_kv_heads));
   a.bias = j.get_bool("attention_bias", false);
   a.output_gate = true;
   a.qk_norm = true;
   a.norm_eps = c.norm_eps;
+  check_attention(j, a, "head_dim");
   // RoPE parameters: rope_parameters (or legacy rope_scaling) first, then top-level keys
   // (transformers' standardisation order); partial_rotary_factor defaults to 0.25 for Qwen3.5.
-  double theta = j.get_double("rope_theta", 10000.0);
-  double partial = j.get_double("partial_rotary_factor", 0.25);
+  double theta = rope_theta(j, "rope_theta", 10000.0);
+  double partial = rotary_fraction(j, "partial_rotary_factor", 0.25);
   std::string rope_type = "default";
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     if (!j.has(key)) continue;
     const JsonObject rp = j.get_object(key);
-    theta = rp.get_double("rope_theta", theta);
-    partial = rp.get_double("partial_rotary_factor", partial);
+    theta = rope_theta(rp, "rope_theta", theta);
+    partial = rotary_fraction(rp, "partial_rotary_factor", partial);
     rope_type = rp.has("rope_type") ? rp.get_string("rope_type") : rp.get_string("type", "default");
     break;
   }
   if (rope_type != "default")
     fail(j,
          fmt::format("rope_type \"{}\" is not supported (expected \"default\"; text positions make M-RoPE plain RoPE)",
-                     rope_type));
-  if (!(partial > 0.0 && partial <= 1.0)) fail(j, fmt::format("partial_rotary_factor {} is not in (0, 1]", partial));
+                     printable(rope_type)));
+  // As transformers: int(head_dim * partial_rotary_factor); rotate_half needs an even count.
   a.rotary_dim = static_cast<int>(a.head_dim * partial);
-  if (a.rotary_dim % 2 != 0)
-    fail(j, fmt::format("rotary dimension {} (head_dim * partial_rotary_factor) is odd", a.rotary_dim));
+  if (a.rotary_dim < 2 || a.rotary_dim % 2 != 0)
+    fail(j, fmt::format("head_dim * partial_rotary_factor = {} * {} gives {} rotary dimensions, expected an even "
+                        "number of at least 2",
+                        a.head_dim, partial, a.rotary_dim));
   a.rope_theta = theta;
 }
 
@@ -313,7 +460,8 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
         fmt::format("{}: not a model directory (expected a directory with config.json and "
                     "model.safetensors)",
                     model_dir));
-  if (!std::filesystem::exists(p)) throw std::runtime_error(fmt::format("{}: missing config.json", model_dir));
+  // A dangling link is not "missing": read_json_file names its target.
+  if (!std::filesystem::exists(p) && !std::filesystem::is_symlink(p)) throw std::runtime_error(fmt::format("{}: missing config.json", model_dir));
   return from_json_file(p.string());
 }
 
@@ -339,12 +487,12 @@ ModelConfig ModelConfig::from_json_file(const std::string& path) {
     throw std::runtime_error(
         fmt::format("{}: model_type \"{}\" is a mixture-of-experts model: not supported yet "
                     "(supported: mamba2, nemotron_h, qwen3_5, qwen3_5_text)",
-                    path, c.model_type));
+                    path, printable(c.model_type)));
   } else {
     throw std::runtime_error(
         fmt::format("{}: unknown model_type \"{}\" (supported: mamba2, nemotron_h, qwen3_5, "
                     "qwen3_5_text)",
-                    path, c.model_type));
+                    path, printable(c.model_type)));
   }
   return c;
 }

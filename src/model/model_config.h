@@ -6,10 +6,20 @@
 //   qwen3_5_text   Qwen3_5ForCausalLM            decoder layers: Gated DeltaNet or gated attention,
 //   (qwen3_5: its text_config)                   each followed by a SwiGLU MLP; (1+w) RMSNorms
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace replayssm::model {
+
+// Every width of a layer (a product or sum of config fields: num_heads * head_dim, in_proj's
+// output, ...) is at most kMaxWidth, so widths and the index sums of the forward pass fit an
+// int. The loader refuses a config past it, naming the keys; the width helpers below compute in
+// 64 bits and throw std::length_error for a shape built by hand past it, so nothing can overflow.
+inline constexpr int64_t kMaxWidth = int64_t{1} << 28;
+inline constexpr int64_t kMaxLayers = int64_t{1} << 16;
+// `width` as an int, or std::length_error naming `formula` when it is negative or above kMaxWidth.
+int checked_width(int64_t width, const char* formula);
 
 enum class Architecture { mamba2, nemotron_h, qwen3_5 };
 std::string to_string(Architecture a);
@@ -27,17 +37,24 @@ struct Mamba2Shape {
   double dt_min = 0.0, dt_max = 0.0;  // clamp of softplus(dt + dt_bias) (dt_max may be +inf)
   int norm_group_size = 0;            // gated RMSNorm groups (mamba2: whole width; nemotron_h: width/n_groups)
   double norm_eps = 1e-5;
-  int intermediate() const { return num_heads * head_dim; }
-  int conv_dim() const { return intermediate() + 2 * n_groups * state_size; }
+  int intermediate() const { return checked_width(int64_t{num_heads} * head_dim, "num_heads * head_dim"); }
+  int conv_dim() const {  // [x | B | C]
+    return checked_width(int64_t{intermediate()} +
+                             2 * int64_t{checked_width(int64_t{n_groups} * state_size, "n_groups * state_size")},
+                         "conv_dim");
+  }
+  int in_proj_width() const {  // [z | xBC | dt]
+    return checked_width(int64_t{intermediate()} + conv_dim() + num_heads, "in_proj width");
+  }
 };
 
 struct GdnShape {
   int num_k_heads = 0, num_v_heads = 0, dk = 0, dv = 0;
   int conv_kernel = 4;
   double norm_eps = 1e-6;
-  int key_dim() const { return num_k_heads * dk; }
-  int value_dim() const { return num_v_heads * dv; }
-  int conv_dim() const { return 2 * key_dim() + value_dim(); }
+  int key_dim() const { return checked_width(int64_t{num_k_heads} * dk, "num_k_heads * dk"); }
+  int value_dim() const { return checked_width(int64_t{num_v_heads} * dv, "num_v_heads * dv"); }
+  int conv_dim() const { return checked_width(2 * int64_t{key_dim()} + value_dim(), "GDN conv_dim"); }
 };
 
 struct AttentionShape {
@@ -48,6 +65,11 @@ struct AttentionShape {
   int rotary_dim = 0;        // 0: no positional encoding (nemotron_h)
   double rope_theta = 10000.0;
   double norm_eps = 1e-6;
+  int attention_width() const { return checked_width(int64_t{num_heads} * head_dim, "num_heads * head_dim"); }
+  int q_proj_width() const {  // per head: query, then the output gate
+    return checked_width(int64_t{attention_width()} * (output_gate ? 2 : 1), "q_proj width");
+  }
+  int kv_width() const { return checked_width(int64_t{num_kv_heads} * head_dim, "num_kv_heads * head_dim"); }
 };
 
 enum class MlpActivation { relu2, swiglu };
@@ -72,8 +94,11 @@ struct ModelConfig {
   AttentionShape attention;
   MlpShape mlp;
 
-  // Reads MODEL_DIR/config.json. Throws std::runtime_error naming the file and the key for a
-  // missing or ill-typed key, an unknown model_type, an unsupported layer (MoE) or inconsistent shapes.
+  // Reads MODEL_DIR/config.json. Throws std::runtime_error naming the file, the key and what was
+  // expected for a missing or ill-typed key, an unknown model_type, an unsupported layer (MoE), a
+  // structural integer that is not positive or too large, head counts that do not divide, a width
+  // beyond kMaxWidth, a float field that is NaN, infinite or out of its range, or layer lists that
+  // disagree with the counts describing them.
   static ModelConfig load(const std::string& model_dir);
   static ModelConfig from_json_file(const std::string& config_path);
 

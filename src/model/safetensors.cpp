@@ -48,13 +48,26 @@ int64_t TensorInfo::element_count() const {
 std::string shape_string(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path_, fmt::format("cannot open safetensors file: {}", std::strerror(errno)));
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below); no effect on files.
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int e = errno;
+    std::error_code ec;
+    if (e == ENOENT && std::filesystem::is_symlink(std::filesystem::symlink_status(path_, ec)))
+      fail(path_, fmt::format("is a broken symbolic link to '{}', expected the safetensors file",
+                              std::filesystem::read_symlink(path_, ec).string()));
+    fail(path_, fmt::format("cannot open safetensors file: {}", std::strerror(e)));
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int e = errno;
     ::close(fd);
     fail(path_, fmt::format("cannot stat: {}", std::strerror(e)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path_, S_ISDIR(st.st_mode) ? "is a directory, expected the safetensors file"
+                                    : "is not a regular file, expected the safetensors file");
   }
   map_size_ = static_cast<std::size_t>(st.st_size);
   if (map_size_ < 8) {
@@ -180,6 +193,26 @@ std::vector<float> SafetensorsFile::read_float32(const TensorInfo& t) const {
   return out;
 }
 
+int64_t SafetensorsFile::count_non_finite(const TensorInfo& t) const {
+  // Non-finite: every exponent bit set (IEEE binary32 / bfloat16 / binary16).
+  const auto count = [&](auto element, uint32_t exponent_mask) {
+    using E = decltype(element);
+    const std::size_t n = static_cast<std::size_t>(t.element_count());
+    const uint8_t* p = bytes(t);
+    int64_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      E bits;
+      std::memcpy(&bits, p + i * sizeof(E), sizeof(E));
+      bad += (static_cast<uint32_t>(bits) & exponent_mask) == exponent_mask;
+    }
+    return bad;
+  };
+  if (t.dtype == "F32") return count(uint32_t{}, 0x7f800000u);
+  if (t.dtype == "BF16") return count(uint16_t{}, 0x7f80u);
+  if (t.dtype == "F16") return count(uint16_t{}, 0x7c00u);
+  fail(path_, fmt::format("tensor '{}' has dtype {}, expected F32, BF16 or F16", t.name, t.dtype));
+}
+
 // ---- TensorStore ----------------------------------------------------------------------------
 
 TensorStore::TensorStore(const std::string& model_dir) : dir_(model_dir) {
@@ -187,11 +220,19 @@ TensorStore::TensorStore(const std::string& model_dir) : dir_(model_dir) {
   const fs::path dir(model_dir);
   const fs::path index = dir / "model.safetensors.index.json";
   const fs::path single = dir / "model.safetensors";
-  if (fs::exists(index)) {
+  const bool has_index = fs::exists(index) || fs::is_symlink(index);
+  const bool has_single = fs::exists(single) || fs::is_symlink(single);  // a dangling link is named when opened
+  // transformers would read model.safetensors, an index-first reader the shards: refuse to guess.
+  if (has_index && has_single)
+    throw std::runtime_error(
+        fmt::format("{}: both model.safetensors and model.safetensors.index.json are present (expected one of them: "
+                    "which weights are meant?)",
+                    model_dir));
+  if (has_index) {
     const nlohmann::json j = read_json_file(index.string());
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      throw std::runtime_error(
-          fmt::format("{}: missing \"weight_map\" object (expected {{tensor name: shard file}})", index.string()));
+    if (!j.contains("weight_map") || !j["weight_map"].is_object() || j["weight_map"].empty())
+      throw std::runtime_error(fmt::format(
+          "{}: missing or empty \"weight_map\" object (expected {{tensor name: shard file}})", index.string()));
     std::map<std::string, const SafetensorsFile*> opened;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it.value().is_string())
@@ -218,11 +259,16 @@ TensorStore::TensorStore(const std::string& model_dir) : dir_(model_dir) {
                         f->second->path(), it.key(), index.string()));
       entries_[it.key()] = Entry{f->second, t};
     }
-    // Tensors present in shards but missing from the index are still part of the checkpoint.
+    // Tensors present in shards but missing from the index are still part of the checkpoint; one
+    // stored in two shards is ambiguous (which copy is meant?).
     for (const auto& file : files_)
-      for (const auto& [name, t] : file->tensors())
-        if (!entries_.count(name)) entries_[name] = Entry{file.get(), &t};
-  } else if (fs::exists(single)) {
+      for (const auto& [name, t] : file->tensors()) {
+        const auto [it, added] = entries_.try_emplace(name, Entry{file.get(), &t});
+        if (!added && it->second.file != file.get())
+          throw std::runtime_error(fmt::format("{}: tensor '{}' is stored in two shards, {} and {} (expected one copy)",
+                                               index.string(), name, it->second.file->path(), file->path()));
+      }
+  } else if (has_single) {
     files_.push_back(std::make_unique<SafetensorsFile>(single.string()));
     for (const auto& [name, t] : files_.back()->tensors()) entries_[name] = Entry{files_.back().get(), &t};
   } else {
@@ -273,7 +319,19 @@ void TensorStore::check(const std::string& name, const std::vector<int64_t>& exp
   if (e->info->dtype != "F32" && e->info->dtype != "BF16" && e->info->dtype != "F16")
     throw std::runtime_error(fmt::format("{}: tensor '{}' has dtype {}, expected F32, BF16 or F16", e->file->path(),
                                          e->info->name, e->info->dtype));
-  used_.insert(e->info->name);
+  const bool first_check = used_.insert(e->info->name).second;
+  if (const int64_t bad = first_check ? e->file->count_non_finite(*e->info) : 0)
+    non_finite_.push_back(NonFiniteTensor{e->info->name, e->file->path(), bad, e->info->element_count()});
+}
+
+bool TensorStore::same_values(const std::string& a, const std::string& b) const {
+  const Entry *ea = lookup(a), *eb = lookup(b);
+  if (!ea || !eb) throw std::logic_error(fmt::format("same_values: missing tensor '{}' or '{}'", a, b));
+  const TensorInfo &ta = *ea->info, &tb = *eb->info;
+  if (ta.shape != tb.shape) return false;
+  if (ta.dtype == tb.dtype) return std::memcmp(ea->file->bytes(ta), eb->file->bytes(tb), ta.end - ta.begin) == 0;
+  const std::vector<float> va = ea->file->read_float32(ta), vb = eb->file->read_float32(tb);
+  return std::memcmp(va.data(), vb.data(), va.size() * sizeof(float)) == 0;
 }
 
 Tensor TensorStore::take(const std::string& name, const std::vector<int64_t>& expected_shape) {

@@ -44,6 +44,10 @@ class SafetensorsFile {
   const TensorInfo* find(const std::string& name) const;
   // Float32 copy of a tensor (F32, BF16 or F16; other dtypes are an error naming the tensor).
   std::vector<float> read_float32(const TensorInfo& t) const;
+  // NaN and Inf elements of a float tensor (F32, BF16, F16), counted on the stored bits in place.
+  int64_t count_non_finite(const TensorInfo& t) const;
+  // The tensor's bytes as stored (t.end - t.begin of them).
+  const uint8_t* bytes(const TensorInfo& t) const { return map_ + data_start_ + t.begin; }
 
  private:
   std::string path_;
@@ -57,6 +61,12 @@ class SafetensorsFile {
 struct Tensor {
   std::vector<int64_t> shape;
   std::vector<float> data;
+};
+
+// A float tensor holding NaN or Inf values: loaded as stored, but reported.
+struct NonFiniteTensor {
+  std::string name, file;
+  int64_t count = 0, elements = 0;
 };
 
 // All tensors of a model directory, from one file or from the shards of an index.
@@ -75,8 +85,13 @@ class TensorStore {
   // The tensor `name`, converted to float32; `expected_shape` is checked. A missing tensor or a
   // shape mismatch throws std::runtime_error naming the file(s), the tensor and the expectation.
   Tensor take(const std::string& name, const std::vector<int64_t>& expected_shape);
-  // The checks of `take` (presence, shape, dtype) and the "used" mark, without reading the data.
+  // The checks of `take` (presence, shape, dtype) and the "used" mark, without converting the
+  // data; the stored values are scanned for NaN and Inf (see non_finite()).
   void check(const std::string& name, const std::vector<int64_t>& expected_shape);
+  // Whether two tensors hold the same float32 values, bit for bit (both must exist).
+  bool same_values(const std::string& a, const std::string& b) const;
+  // Tensors checked so far that hold NaN or Inf values, in the order checked.
+  const std::vector<NonFiniteTensor>& non_finite() const { return non_finite_; }
   // Shape without reading the data (for validation and `info`); throws when missing.
   std::vector<int64_t> shape_of(const std::string& name) const;
   // Throws std::runtime_error listing unused tensors (up to a few), each with its file.
@@ -101,6 +116,7 @@ class TensorStore {
   std::vector<std::pair<std::string, std::string>> aliases_;
   std::vector<std::string> ignored_;
   std::set<std::string> used_;
+  std::vector<NonFiniteTensor> non_finite_;
 };
 
 }  // namespace replayssm::model

@@ -4,7 +4,10 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
+
+#include <fmt/format.h>
 
 namespace replayssm::model {
 
@@ -69,6 +72,9 @@ void Linear::apply(const Mat& x, Mat& y, int threads) const {
 
 void rms_norm_rows(Mat& x, const Vec& weight, float eps, bool plus_one, int group, int threads) {
   const Eigen::Index n = x.rows(), d = x.cols();
+  if (group <= 0 || d % group != 0 || weight.size() != d)
+    throw std::invalid_argument(fmt::format("rms_norm_rows: group {} must divide the width {} (weight has {})", group,
+                                            d, weight.size()));
   const int blocks = static_cast<int>(std::min<Eigen::Index>(n, 8 * resolve_threads(threads)));
   parallel_for(blocks, threads, [&](int b) {
     const Eigen::Index r0 = n * b / blocks, r1 = n * (b + 1) / blocks;

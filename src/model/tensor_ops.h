@@ -36,7 +36,8 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 // RMSNorm of every row in place: x * rsqrt(mean(x^2) + eps) * (w or 1 + w), over groups of
-// `group` consecutive features (group = cols: ordinary RMSNorm).
+// `group` consecutive features (group = cols: ordinary RMSNorm). A group that does not divide
+// the width, or a weight of another length, throws std::invalid_argument.
 void rms_norm_rows(Mat& x, const Vec& weight, float eps, bool plus_one, int group, int threads);
 
 // Causal depthwise conv1d over positions (torch Conv1d, groups = channels, left padding K-1,

@@ -18,23 +18,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 std::string load_error(const fs::path& dir) {
   return error_of([&] { (void)CausalLM::load(dir.string()); });
-}
-
-void edit_config(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
-  nlohmann::json j = read_json_file((dir / "config.json").string());
-  edit(j);
-  spit(dir / "config.json", j.dump(2));
 }
 
 Mat fp32_logprobs(const std::string& dir, const std::vector<int64_t>& tokens) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/npy.h"
+#include "model/json_util.h"
 #include "test_util.h"
 
 namespace replayssm::test {
@@ -113,6 +115,23 @@ inline void copy_model(const std::string& name, const std::filesystem::path& dir
   for (const char* f : {"config.json", "model.safetensors"})
     std::filesystem::copy_file(std::filesystem::path(golden_dir(name)) / f, dir / f,
                                std::filesystem::copy_options::overwrite_existing);
+}
+
+// The message of the exception f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Rewrites dir/config.json through `edit`.
+inline void edit_config(const std::filesystem::path& dir, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = model::read_json_file((dir / "config.json").string());
+  edit(j);
+  spit(dir / "config.json", j.dump(2));
 }
 
 }  // namespace replayssm::test
