@@ -244,29 +244,14 @@ void CausalLM::lm_head(const Eigen::Ref<const Mat>& h, bool log_softmax, int thr
   const std::size_t count = static_cast<std::size_t>(h.rows());
   out.resize(static_cast<Eigen::Index>(count), vocab);
   const int t = resolve_threads(threads);
-  // Eigen's product handles a remainder of fewer rows than a SIMD packet (16 floats with AVX-512)
-  // with other kernels, whose rounding differs; zero rows pad the slice to a multiple of 16 so that
-  // a position's logits do not depend on how positions are chunked.
-  constexpr Eigen::Index kRowMultiple = 16;
-  const Eigen::Index rows = static_cast<Eigen::Index>(count);
-  const Eigen::Index padded_rows = (rows + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
-  Mat padded;
-  if (padded_rows != rows) {
-    padded = Mat::Zero(padded_rows, h.cols());
-    padded.topRows(rows) = h;
-  }
-  const Eigen::Ref<const Mat> x = padded_rows != rows ? Eigen::Ref<const Mat>(padded) : h;
+  // Rows of one chunk round exactly as in any other chunking: the host ISA has no FMA (CMakeLists.txt),
+  // so Eigen's vector and remainder kernels round every product and sum alike.
   // Fixed blocks of the vocabulary (not per thread): results do not depend on the thread count.
   constexpr Eigen::Index kCols = 2048;
   const int col_blocks = static_cast<int>((vocab + kCols - 1) / kCols);
   parallel_for(col_blocks, t, [&](int b) {
     const Eigen::Index c0 = b * kCols, c = std::min(kCols, vocab - c0);
-    if (padded_rows == rows) {
-      out.middleCols(c0, c).noalias() = x * w.middleRows(c0, c).transpose();
-    } else {
-      const Mat block = x * w.middleRows(c0, c).transpose();
-      out.middleCols(c0, c) = block.topRows(rows);
-    }
+    out.middleCols(c0, c).noalias() = h * w.middleRows(c0, c).transpose();
   });
   if (!log_softmax) return;
   parallel_for(static_cast<int>(count), t, [&](int r) {
