@@ -18,7 +18,7 @@
 
 #include "cli/commands.h"
 #include "eval/kl_sweep.h"
-#include "eval/model_factory.h"
+#include "model/teacher_forced_model.h"
 #include "io/text_source.h"
 
 
@@ -130,7 +130,7 @@ void run_kl_sweep_command(const KlSweepOptions& o) {
     return;
   }
 
-  std::unique_ptr<eval::TeacherForcedModel> model = eval::load_teacher_forced_model(o.model_dir);
+  std::unique_ptr<model::TeacherForcedModel> model = model::load_teacher_forced_model(o.model_dir);
   std::cerr << fmt::format("kl-sweep: model {} ({}; vocabulary {}, hidden {})\n", o.model_dir, model->description(),
                            model->vocab_size(), model->hidden_size());
 

@@ -56,10 +56,14 @@
 
 #include "eval/policy_set.h"
 #include "eval/progress.h"
-#include "eval/teacher_forced_model.h"
+#include "model/teacher_forced_model.h"
 #include "ssm/precision_policy.h"
 
 namespace replayssm::eval {
+
+// The sweep runs on the teacher-forced model contract (model/teacher_forced_model.h).
+using model::RowMatrixXf;
+using model::TeacherForcedModel;
 
 // ---- the sweep ---------------------------------------------------------------------------------
 

@@ -10,9 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "eval/model_factory.h"
 #include "model/safetensors.h"
-#include "model/teacher_forced_model.h"
 
 namespace replayssm::model {
 
@@ -306,11 +304,3 @@ Mat CausalLM::log_probs(const std::vector<int64_t>& tokens, const PolicyAssignme
 }
 
 }  // namespace replayssm::model
-
-namespace replayssm::eval {
-
-std::unique_ptr<TeacherForcedModel> load_teacher_forced_model(const std::string& dir) {
-  return model::as_teacher_forced_model(model::CausalLM::load(dir));
-}
-
-}  // namespace replayssm::eval

@@ -8,8 +8,8 @@
 // O(N (hidden + widest layer)), never O(N^2) (attention is blockwise) and never O(N vocab): the
 // LM head runs over chunks of positions and hands each chunk to a callback. Work is split into
 // fixed blocks (positions, head groups, vocabulary slices), so results are bitwise independent of
-// the thread count. The KL sweep's contract (eval::TeacherForcedModel) is implemented on top of
-// final_hidden() + lm_head() by model/teacher_forced_model.h.
+// the thread count. The KL sweep's contract (model::TeacherForcedModel) is implemented on top of
+// final_hidden() + lm_head() in model/teacher_forced_model.cpp.
 //
 //   CausalLM lm = CausalLM::load("data/models/qwen3_5_tiny");
 //   ForwardOptions opt;  opt.chunk_positions = 256;

@@ -1,6 +1,8 @@
-// The KL sweep's view of a CausalLM (eval::TeacherForcedModel). final_hidden runs every SSM layer under one policy;
+// The KL sweep's view of a CausalLM (model::TeacherForcedModel). final_hidden runs every SSM layer under one policy;
 // log_probs applies the LM head and log-softmax to any slice of hidden rows, so the sweep streams positions chunk by
 // chunk.
+#include "model/teacher_forced_model.h"
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -10,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "model/teacher_forced_model.h"
+#include "model/causal_lm.h"
 
 namespace replayssm::model {
 namespace {
@@ -57,7 +59,7 @@ void hash_file(WordHash& h, const std::filesystem::path& p) {
   }
 }
 
-class CausalLMTeacherForced final : public eval::TeacherForcedModel {
+class CausalLMTeacherForced final : public TeacherForcedModel {
  public:
   explicit CausalLMTeacherForced(CausalLM lm) : lm_(std::move(lm)) {}
   int vocab_size() const override { return lm_.vocab_size(); }
@@ -91,11 +93,11 @@ class CausalLMTeacherForced final : public eval::TeacherForcedModel {
     }
     return hash_;
   }
-  eval::RowMatrixXf final_hidden(std::span<const int32_t> tokens, const ssm::PrecisionPolicy& policy) override {
+  RowMatrixXf final_hidden(std::span<const int32_t> tokens, const ssm::PrecisionPolicy& policy) override {
     const std::vector<int64_t> ids(tokens.begin(), tokens.end());
     return lm_.final_hidden(ids, PolicyAssignment(policy), 0);
   }
-  eval::RowMatrixXf log_probs(const Eigen::Ref<const eval::RowMatrixXf>& hidden_rows) override {
+  RowMatrixXf log_probs(const Eigen::Ref<const RowMatrixXf>& hidden_rows) override {
     Mat out;
     lm_.lm_head(hidden_rows, true, 0, out);
     return out;
@@ -108,8 +110,8 @@ class CausalLMTeacherForced final : public eval::TeacherForcedModel {
 
 }  // namespace
 
-std::unique_ptr<eval::TeacherForcedModel> as_teacher_forced_model(CausalLM lm) {
-  return std::make_unique<CausalLMTeacherForced>(std::move(lm));
+std::unique_ptr<TeacherForcedModel> load_teacher_forced_model(const std::string& dir) {
+  return std::make_unique<CausalLMTeacherForced>(CausalLM::load(dir));
 }
 
 }  // namespace replayssm::model

@@ -19,13 +19,13 @@
 
 #include <fmt/format.h>
 
-#include "eval/teacher_forced_model.h"
+#include "model/teacher_forced_model.h"
 #include "io/text_source.h"
 #include "ssm/sequence_emulator.h"
 
 namespace replayssm::test {
 
-class TinySsmModel final : public eval::TeacherForcedModel {
+class TinySsmModel final : public model::TeacherForcedModel {
  public:
   struct Shape {
     int vocab = 48, hidden = 24, dk = 128, dv = 16, value_heads = 2;
@@ -66,7 +66,7 @@ class TinySsmModel final : public eval::TeacherForcedModel {
   }
   std::string content_hash() const override { return hash_; }
 
-  eval::RowMatrixXf final_hidden(std::span<const int32_t> tokens, const ssm::PrecisionPolicy& policy) override {
+  model::RowMatrixXf final_hidden(std::span<const int32_t> tokens, const ssm::PrecisionPolicy& policy) override {
     if (fail_after_ >= 0 && forward_calls_ >= fail_after_)
       throw std::runtime_error("simulated interruption of the sweep");
     ++forward_calls_;
@@ -107,7 +107,7 @@ class TinySsmModel final : public eval::TeacherForcedModel {
     }
     ssm::emulate_sequence(seq, policy, ssm::HeadGroupId{0, 0}, outp);
 
-    eval::RowMatrixXf h(n, d);
+    model::RowMatrixXf h(n, d);
     std::vector<float> cat(static_cast<std::size_t>(G) * dv);
     for (int t = 0; t < n; ++t) {
       for (int g = 0; g < G; ++g)
@@ -126,11 +126,11 @@ class TinySsmModel final : public eval::TeacherForcedModel {
     return h;
   }
 
-  eval::RowMatrixXf log_probs(const Eigen::Ref<const eval::RowMatrixXf>& hidden_rows) override {
+  model::RowMatrixXf log_probs(const Eigen::Ref<const model::RowMatrixXf>& hidden_rows) override {
     ++log_probs_calls_;
     const int V = s_.vocab, d = s_.hidden;
     if (hidden_rows.cols() != d) throw std::invalid_argument("log_probs: wrong hidden width");
-    eval::RowMatrixXf lp(hidden_rows.rows(), V);
+    model::RowMatrixXf lp(hidden_rows.rows(), V);
     for (Eigen::Index r = 0; r < hidden_rows.rows(); ++r) {
       float m = -INFINITY;
       for (int v = 0; v < V; ++v) {

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <filesystem>
 
-#include "eval/model_factory.h"
 #include "io/npy.h"
 #include "model/causal_lm.h"
 #include "model/json_util.h"
+#include "model/teacher_forced_model.h"
 #include "test_model_util.h"
 
 using namespace replayssm;
@@ -19,30 +19,36 @@ using replayssm::test::read_tokens;
 
 namespace {
 
-// Tolerance of the FP32 forward vs transformers' FP32 forward, per log-probability:
-// |ours - ref| <= kRelTol * max(1, |ref|). Both sit at float32 rounding from a float64 forward
-// (measured: max 1.3e-5 relative, 7.3e-5 absolute, qwen3_5_tiny).
+// Tolerance of the FP32 forward vs transformers' FP32 forward, per log-probability (the comparison
+// rule of test_util.h): |ours - ref| <= kRelTol (1 + |ref|). Both sit at float32 rounding from a
+// float64 forward (measured: max 1.3e-5 relative, 7.3e-5 absolute, qwen3_5_tiny).
 constexpr double kRelTol = 1e-4;
 
-struct Diff {
-  double max_abs = 0, max_rel = 0, mean_kl = 0, max_kl = 0;
-};
+test::Closeness compare_logprobs(const Mat& got, const Mat& ref, double tol, const std::string& what) {
+  if (got.rows() != ref.rows() || got.cols() != ref.cols()) {
+    test::Closeness c;
+    c.what = what;
+    c.count = c.mismatches = static_cast<std::size_t>(std::max(got.size(), ref.size()));
+    c.first.push_back("shapes differ");
+    return c;
+  }
+  return test::compare_close(got.data(), ref.data(), static_cast<std::size_t>(ref.size()), {tol, tol}, what);
+}
+double max_abs_difference(const Mat& a, const Mat& b) { return compare_logprobs(a, b, 0.0, "").max_abs; }
 
-// KL(p_ref || p_other) per position from log-probabilities, plus elementwise differences.
-Diff compare(const Mat& ref, const Mat& other) {
-  Diff d;
+// KL(p_ref || p_other) per position from log-probabilities: a measurement (mean and max over positions).
+struct KlSummary {
+  double mean = 0, max = 0;
+};
+KlSummary kl_summary(const Mat& ref, const Mat& other) {
+  KlSummary s;
   for (Eigen::Index t = 0; t < ref.rows(); ++t) {
     double kl = 0;
-    for (Eigen::Index j = 0; j < ref.cols(); ++j) {
-      const double a = ref(t, j), b = other(t, j), e = std::abs(a - b);
-      d.max_abs = std::max(d.max_abs, e);
-      d.max_rel = std::max(d.max_rel, e / std::max(1.0, std::abs(a)));
-      kl += std::exp(a) * (a - b);
-    }
-    d.mean_kl += kl / static_cast<double>(ref.rows());
-    d.max_kl = std::max(d.max_kl, kl);
+    for (Eigen::Index j = 0; j < ref.cols(); ++j) kl += std::exp(double(ref(t, j))) * (double(ref(t, j)) - other(t, j));
+    s.mean += kl / static_cast<double>(ref.rows());
+    s.max = std::max(s.max, kl);
   }
-  return d;
+  return s;
 }
 
 struct Golden {
@@ -86,13 +92,14 @@ TEST_CASE("FP32 forward (conv:fp32) matches transformers on every golden archite
     REQUIRE(g.ref.rows() == static_cast<Eigen::Index>(g.tokens.size()));
     REQUIRE(g.ref.cols() == g.lm.vocab_size());
     const Mat ours = run(g, "conv:fp32");
-    const Diff d = compare(g.ref, ours);
+    const test::Closeness close = compare_logprobs(ours, g.ref, kRelTol, name + " vs transformers");
+    const KlSummary kl = kl_summary(g.ref, ours);
     MESSAGE(name << " vs transformers " << g.meta["transformers_version"].get<std::string>() << " (torch "
-                 << g.meta["torch_version"].get<std::string>() << "): max |dlogp| " << d.max_abs << ", max rel "
-                 << d.max_rel << ", mean KL " << d.mean_kl);
-    CHECK(d.max_rel <= kRelTol);
+                 << g.meta["torch_version"].get<std::string>() << "): max |dlogp| " << close.max_abs
+                 << ", max |d|/allowed " << close.max_excess << ", mean KL " << kl.mean);
+    CHECK_CLOSE(close);
     // KL from float32 log-probs carries ~1e-7 of rounding noise (the rows' exp do not sum to 1 exactly).
-    CHECK(std::abs(d.max_kl) < 1e-6);
+    CHECK(std::abs(kl.max) < 1e-6);
   }
 }
 
@@ -100,9 +107,9 @@ TEST_CASE("FP32 replay (shared:fp32@16) equals conventional FP32 to float32 roun
   for (const std::string& name : golden_models()) {
     CAPTURE(name);
     const Golden& g = golden(name);
-    const Diff d = compare(run(g, "conv:fp32"), run(g, "shared:fp32@16"));
-    CHECK(d.max_rel <= 1e-5);
-    CHECK(std::abs(d.max_kl) < 1e-9);
+    const Mat conv = run(g, "conv:fp32"), replay = run(g, "shared:fp32@16");
+    CHECK_CLOSE(compare_logprobs(replay, conv, 1e-5, name + ": shared:fp32@16 vs conv:fp32"));
+    CHECK(std::abs(kl_summary(conv, replay).max) < 1e-9);
   }
 }
 
@@ -113,10 +120,12 @@ TEST_CASE("low-precision state policies change the log-probabilities measurably"
     const Mat fp32 = run(g, "conv:fp32");
     for (const std::string policy : {"shared:nvfp4+rtn@16", "conv:fp16+rtn"}) {
       CAPTURE(policy);
-      const Diff d = compare(fp32, run(g, policy));
-      MESSAGE(name << " " << policy << ": max |dlogp| " << d.max_abs << ", mean KL " << d.mean_kl);
-      CHECK(d.max_abs > 1e-3);  // far above the 1e-5-level FP32 noise
-      CHECK(d.mean_kl > 1e-8);
+      const Mat lp = run(g, policy);
+      const double max_abs = max_abs_difference(lp, fp32);
+      const KlSummary kl = kl_summary(fp32, lp);
+      MESSAGE(name << " " << policy << ": max |dlogp| " << max_abs << ", mean KL " << kl.mean);
+      CHECK(max_abs > 1e-3);  // far above the 1e-5-level FP32 noise
+      CHECK(kl.mean > 1e-8);
     }
   }
 }
@@ -169,8 +178,8 @@ TEST_CASE("per-layer policy overrides touch only their layer") {
   o.threads = 2;
   const Mat mixed = g.lm.log_probs(g.tokens, p, o);
   const Mat fp32 = run(g, "conv:fp32"), all_lp = run(g, "shared:nvfp4+rtn@16");
-  CHECK(compare(fp32, mixed).max_abs > 1e-4);
-  CHECK(compare(all_lp, mixed).max_abs > 1e-4);
+  CHECK(max_abs_difference(mixed, fp32) > 1e-4);
+  CHECK(max_abs_difference(mixed, all_lp) > 1e-4);
 }
 
 TEST_CASE("token ids outside the vocabulary are rejected with their position") {
@@ -182,25 +191,25 @@ TEST_CASE("token ids outside the vocabulary are rejected with their position") {
   CHECK_THROWS_WITH(g.lm.log_probs(t, ssm::PrecisionPolicy::parse("conv:fp32")), doctest::Contains("position 2"));
 }
 
-TEST_CASE("eval::load_teacher_forced_model: hidden states + LM head on slices give the same log-probs") {
+TEST_CASE("model::load_teacher_forced_model: hidden states + LM head on slices give the same log-probs") {
   const Golden& g = golden("nemotron_h_tiny");
-  auto m = eval::load_teacher_forced_model(golden_dir("nemotron_h_tiny"));
+  auto m = model::load_teacher_forced_model(golden_dir("nemotron_h_tiny"));
   CHECK(m->vocab_size() == 256);
   CHECK(m->hidden_size() == 64);
   CHECK(m->description().find("M*-M-*") != std::string::npos);
   const std::string h = m->content_hash();
   CHECK(h.size() == 16);
   CHECK(h == m->content_hash());
-  CHECK(h == eval::load_teacher_forced_model(golden_dir("nemotron_h_tiny"))->content_hash());
-  CHECK(h != eval::load_teacher_forced_model(golden_dir("mamba2_tiny"))->content_hash());
+  CHECK(h == model::load_teacher_forced_model(golden_dir("nemotron_h_tiny"))->content_hash());
+  CHECK(h != model::load_teacher_forced_model(golden_dir("mamba2_tiny"))->content_hash());
   const std::vector<int32_t> ids(g.tokens.begin(), g.tokens.end());
   const auto policy = ssm::PrecisionPolicy::parse("shared:nvfp4+rtn@16");
-  const eval::RowMatrixXf hidden = m->final_hidden(ids, policy);
+  const model::RowMatrixXf hidden = m->final_hidden(ids, policy);
   REQUIRE(hidden.rows() == static_cast<Eigen::Index>(ids.size()));
   const Mat want = run(g, "shared:nvfp4+rtn@16");
   for (Eigen::Index b = 0; b < hidden.rows(); b += 100) {
     const Eigen::Index rows = std::min<Eigen::Index>(100, hidden.rows() - b);
-    const eval::RowMatrixXf lp = m->log_probs(hidden.middleRows(b, rows));
+    const model::RowMatrixXf lp = m->log_probs(hidden.middleRows(b, rows));
     CHECK((lp.array() == want.middleRows(b, rows).array()).all());
   }
 }
