@@ -36,8 +36,8 @@ std::vector<ssm::PolicySpec> parse_policy_list(std::string_view text);
 //   with '@L' keeps its window; conventional decode is window 1;
 //   a spec without ",seed=" that uses stochastic rounding is expanded over `seeds` (empty: {0});
 //   RTN/FP32-only policies do not depend on the seed and run once (seed 0).
-// Throws std::invalid_argument on no specs, a window outside [1, ssm::kMaxWindow], or a window or
-// seed listed twice.
+// No specs give no configurations (run_kl_sweep refuses that). Throws std::invalid_argument on a
+// window outside [1, ssm::kMaxWindow], or a window or seed listed twice.
 std::vector<ssm::PrecisionPolicy> expand_policies(const std::vector<ssm::PolicySpec>& specs,
                                                   const std::vector<int>& windows, const std::vector<uint64_t>& seeds);
 bool uses_stochastic_rounding(const ssm::PrecisionPolicy& p);
