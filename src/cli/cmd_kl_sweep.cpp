@@ -527,7 +527,8 @@ void register_kl_sweep(CLI::App& app) {
       "where it stopped when run again with the same settings.");
   cmd->add_option("--config",
                   "TOML file with any of the options below, keys without '--' (e.g. experiments/fig5.toml); an "
-                  "option on the command line replaces the file's value");
+                  "option on the command line replaces the file's value")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);  // the callback refuses two files
   // Options are collected as words and converted in resolve_options, the same way as the file's values.
   for (const Setting& s : settings()) {
     const std::string name = Sources::cli_name(s);
