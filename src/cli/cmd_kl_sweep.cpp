@@ -41,6 +41,7 @@ enum class Kind { value, list, flag };
 struct Setting {
   const char* name;  // the long option without "--" and the TOML key; "model-dir" is the positional MODEL_DIR
   Kind kind;
+  const char* type_name;  // for --help
   const char* help;
 };
 
@@ -49,26 +50,26 @@ constexpr int kMaxChunk = 1 << 20;
 
 const std::vector<Setting>& settings() {
   static const std::vector<Setting> all = {
-      {"model-dir", Kind::value, "Hugging Face checkpoint directory (config.json + safetensors); required"},
-      {"text-dir", Kind::value, "folder of PG-19 .txt books (Gutenberg boilerplate is stripped); required"},
-      {"tokens-dir", Kind::value,
+      {"model-dir", Kind::value, "DIR", "Hugging Face checkpoint directory (config.json + safetensors); required"},
+      {"text-dir", Kind::value, "DIR", "folder of PG-19 .txt books (Gutenberg boilerplate is stripped); required"},
+      {"tokens-dir", Kind::value, "DIR",
        "token ids written by scripts/tokenize.py with the model's tokenizer (default: byte-level ids)"},
-      {"byte-offset", Kind::value, "byte-level ids: id = byte value + offset (default 0)"},
-      {"books", Kind::value, "number of books, the first in name order (default 0: all)"},
-      {"length", Kind::value, "N: positions per book (each book needs N + 1 tokens); required"},
-      {"short-books", Kind::value, "a book shorter than N + 1 tokens: error | skip (default error)"},
-      {"policies", Kind::list,
+      {"byte-offset", Kind::value, "N", "byte-level ids: id = byte value + offset, 0 to 2147483392 (default 0)"},
+      {"books", Kind::value, "N", "number of books, the first in name order (default 0: all)"},
+      {"length", Kind::value, "N", "N: positions per book, 1 to 2^40 (each book needs N + 1 tokens); required"},
+      {"short-books", Kind::value, "error|skip", "a book shorter than N + 1 tokens: error | skip (default error)"},
+      {"policies", Kind::list, "P1,P2",
        "configurations, comma-separated, may be repeated (default: the paper's set); shared/split policies "
        "without '@L' are expanded over --windows"},
-      {"windows", Kind::list, "windows L for policies given without '@L', comma-separated (default 16)"},
-      {"seeds", Kind::list, "stochastic-rounding seeds for SR policies without ',seed=', comma-separated (default 0)"},
-      {"out", Kind::value, "result file (.h5); required"},
-      {"force", Kind::flag, "replace an existing result file or discard a different sweep's partial results"},
-      {"reference", Kind::value, "reference policy (default conv:fp32)"},
-      {"chunk", Kind::value, "positions per log-probability chunk, memory chunk x vocab floats x 2 (default 1024)"},
-      {"threads", Kind::value, "KL worker threads (default 0: all cores)"},
-      {"progress", Kind::value, "auto | bar | lines | off (default auto)"},
-      {"dry-run", Kind::flag, "load the books and expand the configurations, then stop (no model)"},
+      {"windows", Kind::list, "L1,L2", "windows L (1 to 2^20) for policies given without '@L', comma-separated (default 16)"},
+      {"seeds", Kind::list, "S1,S2", "stochastic-rounding seeds for SR policies without ',seed=', comma-separated (default 0)"},
+      {"out", Kind::value, "FILE", "result file (.h5); required"},
+      {"force", Kind::flag, "", "replace an existing result file or discard a different sweep's partial results"},
+      {"reference", Kind::value, "POLICY", "reference policy (default conv:fp32)"},
+      {"chunk", Kind::value, "N", "positions per log-probability chunk, 1 to 2^20; memory chunk x vocab floats x 2 (default 1024)"},
+      {"threads", Kind::value, "N", "KL worker threads, 0 to 1024 (default 0: all cores)"},
+      {"progress", Kind::value, "MODE", "auto | bar | lines | off (default auto)"},
+      {"dry-run", Kind::flag, "", "load the books and expand the configurations, then stop (no model)"},
   };
   return all;
 }
@@ -528,6 +529,7 @@ void register_kl_sweep(CLI::App& app) {
   cmd->add_option("--config",
                   "TOML file with any of the options below, keys without '--' (e.g. experiments/fig5.toml); an "
                   "option on the command line replaces the file's value")
+      ->type_name("FILE")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);  // the callback refuses two files
   // Options are collected as words and converted in resolve_options, the same way as the file's values.
   for (const Setting& s : settings()) {
@@ -536,7 +538,7 @@ void register_kl_sweep(CLI::App& app) {
       cmd->add_flag(name, s.help);
       continue;
     }
-    CLI::Option* opt = cmd->add_option(name, s.help);
+    CLI::Option* opt = cmd->add_option(name, s.help)->type_name(s.type_name);
     // One word per occurrence (a list option must not swallow MODEL_DIR); resolve_options refuses a
     // single-valued option given twice.
     opt->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
