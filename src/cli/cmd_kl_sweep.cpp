@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 
 #include "cli/commands.h"
@@ -454,9 +455,28 @@ std::string command_line() {
   return out;
 }
 
+// Windows and seeds given but taken by no policy (each has its own '@L' / ',seed=', or none needs
+// one) are said so: the run is still what the policies ask for.
+void note_unused_lists(const std::vector<ssm::PolicySpec>& specs, const KlSweepOptions& o) {
+  bool windows_used = false, seeds_used = false;
+  for (const auto& s : specs) {
+    windows_used |= !s.window_given && s.policy.scheme != ssm::DecodeScheme::conventional;
+    seeds_used |= !s.seed_given && eval::uses_stochastic_rounding(s.policy);
+  }
+  if (!o.windows.empty() && !windows_used)
+    std::cerr << fmt::format("kl-sweep: note: windows {} are not used: no shared/split policy is written without "
+                             "'@L'\n",
+                             fmt::join(o.windows, ","));
+  if (!o.seeds.empty() && !seeds_used)
+    std::cerr << fmt::format("kl-sweep: note: seeds {} are not used: no policy with stochastic rounding is written "
+                             "without ',seed='\n",
+                             fmt::join(o.seeds, ","));
+}
+
 void run_kl_sweep_command(const KlSweepOptions& o) {
-  const std::vector<ssm::PrecisionPolicy> policies =
-      eval::expand_policies(o.policies.empty() ? eval::default_policy_specs() : o.policies, o.windows, o.seeds);
+  const std::vector<ssm::PolicySpec> specs = o.policies.empty() ? eval::default_policy_specs() : o.policies;
+  const std::vector<ssm::PrecisionPolicy> policies = eval::expand_policies(specs, o.windows, o.seeds);
+  note_unused_lists(specs, o);
 
   io::TextSourceOptions to;
   to.text_dir = o.text_dir;

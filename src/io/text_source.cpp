@@ -308,11 +308,12 @@ std::vector<fs::path> list_book_files(const std::string& dir) {
                                            "it",
                                            entry.path().string(), target.string()));
     }
+    if (status_ec)
+      throw std::runtime_error(fmt::format("{}: cannot be read as a book: {}", entry.path().string(),
+                                           status_ec.message()));
     if (status.type() == fs::file_type::directory) continue;
     if (status.type() != fs::file_type::regular)
-      throw std::runtime_error(fmt::format("{}: {}, not a book file{}", entry.path().string(),
-                                           file_kind(status.type()),
-                                           status_ec ? fmt::format(" ({})", status_ec.message()) : std::string()));
+      throw std::runtime_error(fmt::format("{}: {}, not a book file", entry.path().string(), file_kind(status.type())));
     files.push_back(entry.path());
   }
   if (ec) throw std::runtime_error(fmt::format("no text found in {}: cannot list it: {}", dir, ec.message()));

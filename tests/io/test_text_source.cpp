@@ -190,6 +190,12 @@ TEST_CASE("a .txt entry that cannot be read as a book is named, not skipped") {
   REQUIRE(::mkfifo((d / "pipe.txt").c_str(), 0600) == 0);
   CHECK_THROWS_WITH(list_book_files(d.string()), doctest::Contains("pipe.txt: a FIFO, not a book file"));
   fs::remove(d / "pipe.txt");
+  // A loop of links.
+  fs::create_symlink(d / "y.txt", d / "x.txt");
+  fs::create_symlink(d / "x.txt", d / "y.txt");
+  CHECK_THROWS_WITH(list_book_files(d.string()), doctest::Contains("x.txt: cannot be read as a book"));
+  fs::remove(d / "x.txt");
+  fs::remove(d / "y.txt");
   // Two files that are the same book name.
   write(d / "a.TXT", "bbbbbbbb\n");
   const std::string twice = error_of([&] { list_book_files(d.string()); });

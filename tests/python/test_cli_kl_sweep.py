@@ -130,6 +130,17 @@ def test_list_options_take_one_word_per_occurrence(text_dir, tmp_path):
         "shared:nvfp4+sr@16,seed=18446744073709551615", "conv:fp16+sr,seed=5"]
 
 
+def test_windows_and_seeds_no_policy_takes_are_noted(text_dir, tmp_path):
+    r = run(dry(text_dir, tmp_path, "--policies", "shared:nvfp4+sr@8,conv:fp16+rtn", "--windows", "4,16",
+                "--seeds", "3"))
+    assert r.returncode == 0, r.stderr
+    assert "note: windows 4,16 are not used" in r.stderr
+    assert "note: seeds 3 are not used" not in r.stderr  # shared:nvfp4+sr@8 takes them
+    assert configurations(r.stderr) == ["shared:nvfp4+sr@8,seed=3", "conv:fp16+rtn"]
+    r = run(dry(text_dir, tmp_path, "--policies", "shared:nvfp4+rtn", "--seeds", "3,4"))
+    assert "note: seeds 3,4 are not used" in r.stderr and "note: windows" not in r.stderr
+
+
 # ---- --config files ----------------------------------------------------------------------------
 
 BAD_TOML = [
