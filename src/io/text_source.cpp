@@ -383,6 +383,10 @@ LoadedBooks load_books(const TextSourceOptions& o) {
       for (const auto& b : m.at("books")) {
         ManifestBook mb;
         mb.npy = b.at("tokens").get<std::string>();
+        // scripts/tokenize.py writes NAME.npy beside the manifest; nothing else is read.
+        if (mb.npy.empty() || fs::path(mb.npy).filename() != fs::path(mb.npy) || mb.npy == "." || mb.npy == "..")
+          throw std::runtime_error(fmt::format("\"tokens\": \"{}\" is not a file name inside {}", mb.npy,
+                                               o.tokens_dir));
         mb.n_tokens = b.at("n_tokens").get<int64_t>();
         mb.text_hash = b.at("text_fnv1a64").get<std::string>();
         const std::string source = b.at("source").get<std::string>();

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "io/npy.h"
@@ -290,6 +291,12 @@ TEST_CASE("pre-tokenised books: manifest, .npy ids, and refusal of tokens made f
   twice["books"][1]["tokens"] = "other.npy";
   write(d / "tok" / "manifest.json", twice.dump());
   CHECK_THROWS_WITH(load_books(o), doctest::Contains("book \"10001.txt\" is listed twice"));
+  for (const char* outside : {"../10001.npy", "/etc/passwd", "sub/10001.npy", ""}) {
+    nlohmann::json escape = m;
+    escape["books"][0]["tokens"] = outside;
+    write(d / "tok" / "manifest.json", escape.dump());
+    CHECK(has(error_of([&] { load_books(o); }), fmt::format("\"tokens\": \"{}\" is not a file name inside", outside)));
+  }
   nlohmann::json object = m;
   object["books"] = {{"x", m["books"][0]}};
   write(d / "tok" / "manifest.json", object.dump());
