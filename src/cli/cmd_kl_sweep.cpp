@@ -37,12 +37,9 @@ namespace fs = std::filesystem;
 
 // ---- the options ------------------------------------------------------------------------------
 
-enum class Kind { value, list, flag };
-
 struct Setting {
-  const char* name;  // the long option without "--" and the TOML key; "model-dir" is the positional MODEL_DIR
-  Kind kind;
-  const char* type_name;  // for --help
+  const char* name;       // the long option without "--" and the TOML key; "model-dir" is the positional MODEL_DIR
+  const char* type_name;  // the value's form for --help; nullptr: a flag
   const char* help;
 };
 
@@ -51,26 +48,28 @@ constexpr int kMaxChunk = 1 << 20;
 
 const std::vector<Setting>& settings() {
   static const std::vector<Setting> all = {
-      {"model-dir", Kind::value, "DIR", "Hugging Face checkpoint directory (config.json + safetensors); required"},
-      {"text-dir", Kind::value, "DIR", "folder of PG-19 .txt books (Gutenberg boilerplate is stripped); required"},
-      {"tokens-dir", Kind::value, "DIR",
+      {"model-dir", "DIR", "Hugging Face checkpoint directory (config.json + safetensors); required"},
+      {"text-dir", "DIR", "folder of PG-19 .txt books (Gutenberg boilerplate is stripped); required"},
+      {"tokens-dir", "DIR",
        "token ids written by scripts/tokenize.py with the model's tokenizer (default: byte-level ids)"},
-      {"byte-offset", Kind::value, "N", "byte-level ids: id = byte value + offset, 0 to 2147483392 (default 0)"},
-      {"books", Kind::value, "N", "number of books, the first in name order (default 0: all)"},
-      {"length", Kind::value, "N", "N: positions per book, 1 to 2^40 (each book needs N + 1 tokens); required"},
-      {"short-books", Kind::value, "error|skip", "a book shorter than N + 1 tokens: error | skip (default error)"},
-      {"policies", Kind::list, "P1,P2",
+      {"byte-offset", "N", "byte-level ids: id = byte value + offset, 0 to 2147483392 (default 0)"},
+      {"books", "N", "number of books, the first in name order (default 0: all)"},
+      {"length", "N", "N: positions per book, 1 to 2^40 (each book needs N + 1 tokens); required"},
+      {"short-books", "error|skip", "a book shorter than N + 1 tokens: error | skip (default error)"},
+      {"policies", "P1,P2",
        "configurations, comma-separated, may be repeated (default: the paper's set); shared/split policies "
        "without '@L' are expanded over --windows"},
-      {"windows", Kind::list, "L1,L2", "windows L (1 to 2^20) for policies given without '@L', comma-separated (default 16)"},
-      {"seeds", Kind::list, "S1,S2", "stochastic-rounding seeds for SR policies without ',seed=', comma-separated (default 0)"},
-      {"out", Kind::value, "FILE", "result file (.h5); required"},
-      {"force", Kind::flag, "", "replace an existing result file or discard a different sweep's partial results"},
-      {"reference", Kind::value, "POLICY", "reference policy (default conv:fp32)"},
-      {"chunk", Kind::value, "N", "positions per log-probability chunk, 1 to 2^20; memory chunk x vocab floats x 2 (default 1024)"},
-      {"threads", Kind::value, "N", "KL worker threads, 0 to 1024 (default 0: all cores)"},
-      {"progress", Kind::value, "MODE", "auto | bar | lines | off (default auto)"},
-      {"dry-run", Kind::flag, "", "load the books and expand the configurations, then stop (no model)"},
+      {"windows", "L1,L2",
+       "windows L (1 to 2^20) for policies given without '@L', comma-separated, may be repeated (default 16)"},
+      {"seeds", "S1,S2",
+       "stochastic-rounding seeds for SR policies without ',seed=', comma-separated, may be repeated (default 0)"},
+      {"out", "FILE", "result file (.h5); required"},
+      {"force", nullptr, "replace an existing result file or discard a different sweep's partial results"},
+      {"reference", "POLICY", "reference policy (default conv:fp32)"},
+      {"chunk", "N", "positions per log-probability chunk, 1 to 2^20; memory chunk x vocab floats x 2 (default 1024)"},
+      {"threads", "N", "KL worker threads, 0 to 1024 (default 0: all cores)"},
+      {"progress", "MODE", "auto | bar | lines | off (default auto)"},
+      {"dry-run", nullptr, "load the books and expand the configurations, then stop (no model)"},
   };
   return all;
 }
@@ -554,7 +553,7 @@ void register_kl_sweep(CLI::App& app) {
   // Options are collected as words and converted in resolve_options, the same way as the file's values.
   for (const Setting& s : settings()) {
     const std::string name = Sources::cli_name(s);
-    if (s.kind == Kind::flag) {
+    if (s.type_name == nullptr) {
       cmd->add_flag(name, s.help);
       continue;
     }

@@ -126,6 +126,7 @@ TEST_CASE("policy specs: the same grammar with the window optional, and what was
 }
 
 TEST_CASE("a policy without its window says so with an example of the same policy") {
-  check_error("shared:fp16+sr,seed=3", "missing window '@L': shared policies need one, e.g. 'shared:fp16+sr@16,seed=3'");
+  check_error("shared:fp16+sr,seed=3",
+              "missing window '@L': shared policies need one, e.g. 'shared:fp16+sr@16,seed=3'");
   check_error("split:nvfp4/fp32", "e.g. 'split:nvfp4+rtn/fp32@16'");
 }
