@@ -322,12 +322,13 @@ std::vector<fs::path> list_book_files(const std::string& dir) {
   std::sort(files.begin(), files.end(),
             [](const fs::path& a, const fs::path& b) { return a.filename().string() < b.filename().string(); });
   // "a.txt" and "a.TXT" are both book "a": results are keyed by book name.
-  for (std::size_t i = 0; i < files.size(); ++i)
-    for (std::size_t j = i + 1; j < files.size(); ++j)
-      if (files[i].stem() == files[j].stem())
-        throw std::runtime_error(fmt::format("{}: {} and {} are both book '{}'; keep one of them", dir,
-                                             files[i].filename().string(), files[j].filename().string(),
-                                             files[i].stem().string()));
+  std::map<std::string, std::string> by_name;  // book name -> file name
+  for (const fs::path& f : files) {
+    const auto [it, inserted] = by_name.emplace(f.stem().string(), f.filename().string());
+    if (!inserted)
+      throw std::runtime_error(fmt::format("{}: {} and {} are both book '{}'; keep one of them", dir, it->second,
+                                           f.filename().string(), it->first));
+  }
   return files;
 }
 
