@@ -16,6 +16,7 @@
 #include "formats/quantized_matrix.h"
 #include "ssm/analytic_model.h"
 #include "ssm/model_shapes.h"
+#include "ssm/precision_policy.h"
 
 namespace replayssm::cli {
 namespace {
@@ -32,8 +33,10 @@ struct TrafficOptions {
   std::optional<double> kv_bytes_per_token;
 };
 
-// 1234567 -> "1,234,567" (rounded to an integer).
+// 1234567 -> "1,234,567" (rounded to an integer); beyond the range of long long (or not finite),
+// scientific notation.
 std::string group(double value) {
+  if (!(std::fabs(value) < 9.2e18)) return fmt::format("{:.4g}", value);
   const long long v = std::llround(value);
   std::string digits = std::to_string(v < 0 ? -v : v), out;
   for (std::size_t i = 0; i < digits.size(); ++i) {
@@ -58,14 +61,22 @@ struct Validated {
 };
 
 Validated validate(const TrafficOptions& o) {
-  if (o.window < 1) throw std::invalid_argument(fmt::format("--window L must be >= 1 (got {})", o.window));
+  // Larger windows would overflow the 64-bit byte counts (records ~ L^2 / 2 x r).
+  if (o.window < 1 || o.window > ssm::kMaxWindow)
+    throw std::invalid_argument(
+        fmt::format("--window L must be an integer in [1, {}] (got {})", ssm::kMaxWindow, o.window));
   if (o.drafts < 0) throw std::invalid_argument(fmt::format("--drafts T must be >= 0 (got {})", o.drafts));
-  Validated v{formats::parse_storage_format(o.state_format)};
+  Validated v{};
+  try {
+    v.state_format = formats::parse_storage_format(o.state_format);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("--state-format: {}", e.what()));
+  }
   if (o.drafts == 0) {
     if (o.accepted) throw std::invalid_argument("--accepted needs --drafts T >= 1");
   } else {
     v.accepted = o.accepted.value_or(static_cast<double>(o.drafts));
-    if (!(v.accepted >= 1.0))
+    if (!(v.accepted >= 1.0) || !std::isfinite(v.accepted))
       throw std::invalid_argument(fmt::format("--accepted A must be >= 1 (got {})", v.accepted));
     if (v.accepted > o.drafts)
       throw std::invalid_argument(
@@ -75,8 +86,9 @@ Validated validate(const TrafficOptions& o) {
           "--drafts T = {} exceeds --window L = {}: the flush test h + T > L would fire on every verify step",
           o.drafts, o.window));
   }
-  if (o.kv_bytes_per_token && !(*o.kv_bytes_per_token > 0))
-    throw std::invalid_argument(fmt::format("--kv-bytes-per-token must be > 0 (got {})", *o.kv_bytes_per_token));
+  if (o.kv_bytes_per_token && !(*o.kv_bytes_per_token > 0 && std::isfinite(*o.kv_bytes_per_token)))
+    throw std::invalid_argument(
+        fmt::format("--kv-bytes-per-token must be a finite number > 0 (got {})", *o.kv_bytes_per_token));
   return v;
 }
 
@@ -103,9 +115,9 @@ void print_shape(const ModelShape& s, const TrafficOptions& o, const Validated& 
   const auto conv_t = static_cast<double>(conv.total()), rep_t = static_cast<double>(rep.total());
   const Traffic rep_layer_shared = replay_window_traffic(layer_state_bytes(s, sf), layer_record_bytes(s, false, true), L);
   std::cout << fmt::format("Memory traffic per window of L = {} steps, state {} (bytes)\n", L, sf_name);
-  std::cout << fmt::format("  {:<44}{:>18}{:>18}{:>13}\n", "", "conventional", "replay", "replay/conv");
+  std::cout << fmt::format("  {:<44} {:>17} {:>17} {:>12}\n", "", "conventional", "replay", "replay/conv");
   auto row = [](const std::string& label, double c, double rp) {
-    std::cout << fmt::format("  {:<44}{:>18}{:>18}{:>13.3f}\n", label, group(c), group(rp), rp / c);
+    std::cout << fmt::format("  {:<44} {:>17} {:>17} {:>12.3f}\n", label, group(c), group(rp), rp / c);
   };
   row("per head", conv_t, rep_t);
   row("per head, per step (window average)", conv_t / L, rep_t / L);
@@ -122,9 +134,9 @@ void print_shape(const ModelShape& s, const TrafficOptions& o, const Validated& 
   // ---- FLOPs ----
   const WindowFlops f = window_flops(s.dv, s.dk, L);
   std::cout << fmt::format("FLOPs per head per step (average over the window) and arithmetic intensity\n");
-  std::cout << fmt::format("  {:<56}{:>14}{:>14}\n", "", "FLOP/step", "FLOP/byte");
+  std::cout << fmt::format("  {:<56} {:>13} {:>13}\n", "", "FLOP/step", "FLOP/byte");
   auto frow = [&](const std::string& label, double flops, double bytes) {
-    std::cout << fmt::format("  {:<56}{:>14}{:>14.3f}\n", label, group(flops / L), flops / bytes);
+    std::cout << fmt::format("  {:<56} {:>13} {:>13.3f}\n", label, group(flops / L), flops / bytes);
   };
   frow("conventional, 5 dv dk - dv", f.conventional, conv_t);
   frow("replay, state materialised every step, 2(h+3) dv dk", f.materialised, rep_t);
@@ -184,11 +196,11 @@ void print_shape(const ModelShape& s, const TrafficOptions& o, const Validated& 
       "Low-precision read checkpoint, per head (Algorithm 3: non-flush steps read the LP copy, the flush reads\n"
       "the {} copy and writes both){}\n",
       sf_name, gdn ? fmt::format("; GDN records hold (alpha, beta, u, v, k): r = 4dv+2dk+8 = {} B", r_split) : "");
-  std::cout << fmt::format("  {:<16}{:>12}{:>14}{:>16}{:>13}{:>18}{:>14}\n", "read format", "ckpt B", "window B",
+  std::cout << fmt::format("  {:<16} {:>11} {:>13} {:>15} {:>12} {:>17} {:>13}\n", "read format", "ckpt B", "window B",
                            "vs shared " + sf_name, "vs conv", "non-flush step B", "vs shared");
   const double shared_nonflush = L >= 2 ? replay_nonflush_step_bytes(M, r, L) : 0.0;
   auto lprow = [&](const std::string& label, uint64_t ckpt, double window_bytes, double nonflush) {
-    std::cout << fmt::format("  {:<16}{:>12}{:>14}{:>16.3f}{:>13.3f}{:>18}{:>14}\n", label, group(static_cast<double>(ckpt)),
+    std::cout << fmt::format("  {:<16} {:>11} {:>13} {:>15.3f} {:>12.3f} {:>17} {:>13}\n", label, group(static_cast<double>(ckpt)),
                              group(window_bytes), window_bytes / rep_t, window_bytes / conv_t,
                              L >= 2 ? group(nonflush) : std::string("-"),
                              L >= 2 ? fmt::format("{:.2f}x", shared_nonflush / nonflush) : std::string("-"));
@@ -209,10 +221,10 @@ void print_shape(const ModelShape& s, const TrafficOptions& o, const Validated& 
     const double a = v.accepted;
     std::cout << fmt::format("Speculative verification, T = {} drafts, mean accepted a = {:g}, L = {}, state {}\n", T, a, L,
                              sf_name);
-    std::cout << fmt::format("  {:<40}{:>7}{:>8}{:>16}{:>18}{:>16}\n", "scheme", "reads", "writes", "B/step/head",
+    std::cout << fmt::format("  {:<40} {:>6} {:>7} {:>15} {:>17} {:>15}\n", "scheme", "reads", "writes", "B/step/head",
                              "B/step/layer", "B/token/head");
     auto srow = [&](const std::string& name, double reads, double writes, double bytes_head) {
-      std::cout << fmt::format("  {:<40}{:>7.2f}{:>8.2f}{:>16}{:>18}{:>16}\n", name, reads, writes, group(bytes_head),
+      std::cout << fmt::format("  {:<40} {:>6.2f} {:>7.2f} {:>15} {:>17} {:>15}\n", name, reads, writes, group(bytes_head),
                                group(bytes_head * nv), group(bytes_head / a));
     };
     for (const SchemeTraffic& p : prior_speculative_schemes(T))
@@ -247,7 +259,7 @@ void register_traffic(CLI::App& app) {
   std::string shape_help = "model shape: all";
   for (const ModelShape& s : ssm::paper_shapes()) shape_help += fmt::format(", {}", s.short_name);
   cmd->add_option("--shape", o->shape, shape_help)->required();
-  cmd->add_option("--window", o->window, "window L: steps per flush (default 16)");
+  cmd->add_option("--window", o->window, "window L: steps per flush, 1 to 2^20 (default 16)");
   cmd->add_option("--state-format", o->state_format,
                   "storage format of the (high-precision) state: fp32 (default), fp16, bf16, fp8b128, nvfp4, e4m3, e2m1");
   cmd->add_option("--drafts", o->drafts, "T: draft tokens per verify step (speculative decoding; default 0 = off)");

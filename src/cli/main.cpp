@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every refused command line exits 2, like every other bad input.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const std::exception& e) {
     std::cerr << "replayssm: error: " << e.what() << "\n";
     return 2;

@@ -1,4 +1,4 @@
-// Token directory written by scripts/tokenize.py (format "replayssm-tokens", version 1):
+// Token directory written by scripts/tokenize_text.py (format "replayssm-tokens", version 1):
 //   DIR/manifest.json  {"format": "replayssm-tokens", "version": 1, "strip": "gutenberg-v1",
 //                       "tokenizer": NAME, "tokenizer_class": ..., "vocab_size": V, "add_bos": bool,
 //                       "books": [{"name", "source", "tokens": "NAME.npy", "n_tokens",
@@ -272,6 +272,20 @@ uint64_t fnv1a64(const int32_t* ids, std::size_t n) {
 
 std::string hex64(uint64_t value) { return fmt::format("{:016x}", value); }
 
+namespace {
+
+std::string_view file_kind(fs::file_type t) {
+  switch (t) {
+    case fs::file_type::fifo: return "a FIFO";
+    case fs::file_type::socket: return "a socket";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::character: return "a character device";
+    default: return "not a regular file";
+  }
+}
+
+}  // namespace
+
 std::vector<fs::path> list_book_files(const std::string& dir) {
   std::error_code ec;
   if (dir.empty()) throw std::runtime_error(fmt::format("no text found: no directory given; {}", kTextDirHint));
@@ -280,16 +294,41 @@ std::vector<fs::path> list_book_files(const std::string& dir) {
   if (!fs::is_directory(dir, ec))
     throw std::runtime_error(fmt::format("no text found in {}: not a directory; {}", dir, kTextDirHint));
   std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(dir)) {
+  fs::directory_iterator it(dir, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const fs::directory_entry& entry = *it;
     const std::string name = entry.path().filename().string();
     if (!ends_with_txt(name) || is_corpus_note(name)) continue;
-    if (!entry.is_regular_file(ec)) continue;
+    std::error_code status_ec;
+    const fs::file_status status = entry.status(status_ec);  // follows symbolic links
+    if (status.type() == fs::file_type::not_found && entry.is_symlink(status_ec)) {
+      std::error_code link_ec;
+      const fs::path target = fs::read_symlink(entry.path(), link_ec);
+      throw std::runtime_error(fmt::format("{}: a broken symbolic link (to '{}', which does not exist); fix or remove "
+                                           "it",
+                                           entry.path().string(), target.string()));
+    }
+    if (status_ec)
+      throw std::runtime_error(fmt::format("{}: cannot be read as a book: {}", entry.path().string(),
+                                           status_ec.message()));
+    if (status.type() == fs::file_type::directory) continue;
+    if (status.type() != fs::file_type::regular)
+      throw std::runtime_error(fmt::format("{}: {}, not a book file", entry.path().string(), file_kind(status.type())));
     files.push_back(entry.path());
   }
+  if (ec) throw std::runtime_error(fmt::format("no text found in {}: cannot list it: {}", dir, ec.message()));
   if (files.empty())
     throw std::runtime_error(fmt::format("no text found in {}: no .txt books in it; {}", dir, kTextDirHint));
   std::sort(files.begin(), files.end(),
             [](const fs::path& a, const fs::path& b) { return a.filename().string() < b.filename().string(); });
+  // "a.txt" and "a.TXT" are both book "a": results are keyed by book name.
+  std::map<std::string, std::string> by_name;  // book name -> file name
+  for (const fs::path& f : files) {
+    const auto [it, inserted] = by_name.emplace(f.stem().string(), f.filename().string());
+    if (!inserted)
+      throw std::runtime_error(fmt::format("{}: {} and {} are both book '{}'; keep one of them", dir, it->second,
+                                           f.filename().string(), it->first));
+  }
   return files;
 }
 
@@ -300,15 +339,23 @@ ShortBooks parse_short_books(std::string_view text) {
 }
 
 std::vector<int32_t> byte_tokens(std::string_view text, int32_t offset) {
+  if (offset < 0 || offset > kMaxByteOffset)
+    throw std::invalid_argument(fmt::format(
+        "--byte-offset {} is outside [0, {}]: id = byte value (0-255) + offset must be an int32 token id", offset,
+        kMaxByteOffset));
   std::vector<int32_t> ids(text.size());
   for (std::size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<int32_t>(static_cast<unsigned char>(text[i])) + offset;
   return ids;
 }
 
 LoadedBooks load_books(const TextSourceOptions& o) {
-  if (o.byte_offset < 0) throw std::invalid_argument(fmt::format("--byte-offset must be >= 0, got {}", o.byte_offset));
+  if (o.byte_offset < 0 || o.byte_offset > kMaxByteOffset)
+    throw std::invalid_argument(fmt::format(
+        "--byte-offset {} is outside [0, {}]: id = byte value (0-255) + offset must be an int32 token id",
+        o.byte_offset, kMaxByteOffset));
   if (o.max_books < 0) throw std::invalid_argument(fmt::format("--books must be >= 0, got {}", o.max_books));
-  if (o.length < 0) throw std::invalid_argument(fmt::format("--length must be >= 0, got {}", o.length));
+  if (o.length < 0 || o.length > kMaxLength)
+    throw std::invalid_argument(fmt::format("--length {} is outside [0, {}]", o.length, kMaxLength));
   const std::vector<fs::path> files = list_book_files(o.text_dir);
 
   LoadedBooks out;
@@ -320,7 +367,7 @@ LoadedBooks load_books(const TextSourceOptions& o) {
     const fs::path mpath = fs::path(o.tokens_dir) / "manifest.json";
     if (!fs::exists(mpath))
       throw std::runtime_error(fmt::format(
-          "{}: no manifest.json: --tokens-dir must be a folder written by scripts/tokenize.py", o.tokens_dir));
+          "{}: no manifest.json: --tokens-dir must be a folder written by scripts/tokenize_text.py", o.tokens_dir));
     out.manifest_json = read_file(mpath);
     nlohmann::json m;
     try {
@@ -333,12 +380,19 @@ LoadedBooks load_books(const TextSourceOptions& o) {
         throw std::runtime_error(fmt::format("stripping '{}' is not this build's 'gutenberg-v1'",
                                              m.value("strip", std::string())));
       out.tokenizer = m.at("tokenizer").get<std::string>();
+      if (!m.at("books").is_array()) throw std::runtime_error("field \"books\" is not an array");
       for (const auto& b : m.at("books")) {
         ManifestBook mb;
         mb.npy = b.at("tokens").get<std::string>();
+        // scripts/tokenize_text.py writes NAME.npy beside the manifest; nothing else is read.
+        if (mb.npy.empty() || fs::path(mb.npy).filename() != fs::path(mb.npy) || mb.npy == "." || mb.npy == "..")
+          throw std::runtime_error(fmt::format("\"tokens\": \"{}\" is not a file name inside {}", mb.npy,
+                                               o.tokens_dir));
         mb.n_tokens = b.at("n_tokens").get<int64_t>();
         mb.text_hash = b.at("text_fnv1a64").get<std::string>();
-        manifest[b.at("source").get<std::string>()] = mb;
+        const std::string source = b.at("source").get<std::string>();
+        if (!manifest.emplace(source, mb).second)
+          throw std::runtime_error(fmt::format("book \"{}\" is listed twice", source));
       }
     } catch (const std::exception& e) {
       throw std::runtime_error(fmt::format("{}: malformed token manifest: {}", mpath.string(), e.what()));
@@ -363,12 +417,12 @@ LoadedBooks load_books(const TextSourceOptions& o) {
       const auto it = manifest.find(b.source);
       if (it == manifest.end())
         throw std::runtime_error(fmt::format(
-            "{}: book {} is not in the token manifest (it lists {} books): re-run scripts/tokenize.py on {}",
+            "{}: book {} is not in the token manifest (it lists {} books): re-run scripts/tokenize_text.py on {}",
             o.tokens_dir, b.source, manifest.size(), o.text_dir));
       if (it->second.text_hash != hex64(b.text_hash))
         throw std::runtime_error(fmt::format(
             "{}: the tokens of {} were made from different text (stripped-text FNV-1a {} in the manifest, {} here): "
-            "the book changed or the two strippers disagree; re-run scripts/tokenize.py",
+            "the book changed or the two strippers disagree; re-run scripts/tokenize_text.py",
             o.tokens_dir, b.source, it->second.text_hash, hex64(b.text_hash)));
       const std::string npy = (fs::path(o.tokens_dir) / it->second.npy).string();
       b.tokens = npy_token_ids(npy);
@@ -377,7 +431,7 @@ LoadedBooks load_books(const TextSourceOptions& o) {
                                              it->second.n_tokens));
     }
     const auto n = static_cast<int64_t>(b.tokens.size());
-    if (n < o.length + 1) {
+    if (n <= o.length) {  // short: fewer than length + 1 tokens
       const std::string what = fmt::format(
           "{}: {} tokens after stripping ({} bytes of text), but --length {} needs {} (one more than the length: "
           "the last position's next token)",

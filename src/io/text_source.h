@@ -1,8 +1,8 @@
 // Book text for the teacher-forced KL sweep (REPLAYSSM.md section 10): a PG-19 style directory of
 // .txt books, stripped of Project Gutenberg boilerplate, tokenised byte by byte or read back as
-// token ids that scripts/tokenize.py wrote with the model's own Hugging Face tokenizer.
+// token ids that scripts/tokenize_text.py wrote with the model's own Hugging Face tokenizer.
 //
-// ---- Stripping ("gutenberg-v1"; scripts/tokenize.py implements the same steps, and the token
+// ---- Stripping ("gutenberg-v1"; scripts/tokenize_text.py implements the same steps, and the token
 // manifest records the FNV-1a hash of the stripped bytes so that a disagreement is caught) --------
 //  1. a leading UTF-8 byte-order mark is removed; every CR LF becomes LF (a lone CR is kept);
 //  2. lines are split at LF. "Trimmed" below means without leading spaces/tabs; comparisons are
@@ -26,6 +26,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,20 +48,29 @@ uint64_t fnv1a64(const int32_t* ids, std::size_t n);  // over the little-endian 
 std::string hex64(uint64_t value);                   // 16 lowercase hex digits
 
 // The book files of a directory: regular files ending in ".txt" (case-insensitive), sorted by
-// name, except the notes a corpus folder carries (README*, SOURCES*, LICENSE*, case-insensitive).
-// Throws std::runtime_error "no text found in DIR: ..." (missing directory, not a directory, no
-// book files) with a hint to point --text-dir at a folder of PG-19 books.
+// name, except the notes a corpus folder carries (README*, SOURCES*, LICENSE*, case-insensitive);
+// symbolic links are followed and directories skipped. Throws std::runtime_error "no text found in
+// DIR: ..." (missing directory, not a directory, no book files) with a hint to point --text-dir at
+// a folder of PG-19 books, and naming the entry for a .txt that is a broken symbolic link or not a
+// regular file (a FIFO, a device), a directory that cannot be listed, and two files whose names
+// differ only in the case of ".txt" (they would be the same book name).
 std::vector<std::filesystem::path> list_book_files(const std::string& dir);
 
 enum class ShortBooks : uint8_t { error, skip };
 ShortBooks parse_short_books(std::string_view text);  // "error" | "skip"
 
+// Largest --length: far beyond any book (4 TiB of KL values per configuration), and N + 1 can
+// never overflow.
+inline constexpr int64_t kMaxLength = int64_t{1} << 40;
+// Largest --byte-offset: byte value (at most 255) + offset must be an int32 token id.
+inline constexpr int32_t kMaxByteOffset = std::numeric_limits<int32_t>::max() - 255;
+
 struct TextSourceOptions {
   std::string text_dir;        // required: the .txt books
-  std::string tokens_dir;      // empty: byte-level ids; else scripts/tokenize.py output
-  int32_t byte_offset = 0;     // byte-level only: id = byte value + byte_offset
-  int64_t length = 0;          // positions per book: a book needs length + 1 tokens (the last
-                               // position's next token), else it is "short"
+  std::string tokens_dir;      // empty: byte-level ids; else scripts/tokenize_text.py output
+  int32_t byte_offset = 0;     // byte-level only: id = byte value + byte_offset, in [0, kMaxByteOffset]
+  int64_t length = 0;          // positions per book, in [0, kMaxLength]: a book needs length + 1
+                               // tokens (the last position's next token), else it is "short"
   int max_books = 0;           // books wanted (0: every book); the first ones in name order
   ShortBooks short_books = ShortBooks::error;
 };
@@ -82,13 +92,14 @@ struct LoadedBooks {
   std::string manifest_json;         // tokens_dir's manifest.json as read ("" for bytes)
 };
 
-// Byte-level ids of a text.
+// Byte-level ids of a text. Throws std::invalid_argument for an offset outside [0, kMaxByteOffset].
 std::vector<int32_t> byte_tokens(std::string_view text, int32_t offset);
 
-// Loads books in name order until max_books are found. Throws std::runtime_error with a message
-// meant for the command line: missing text, empty books, short books under ShortBooks::error
-// (saying how long the book is and what is needed), too few usable books, token files that do
-// not match the text (different stripping or edited books), malformed manifests or .npy files.
+// Loads books in name order until max_books are found. Throws std::invalid_argument for options
+// out of range, std::runtime_error with a message meant for the command line: missing text, empty
+// books, short books under ShortBooks::error (saying how long the book is and what is needed), too
+// few usable books, token files that do not match the text (different stripping or edited books),
+// malformed manifests (a book listed twice, too) or .npy files.
 LoadedBooks load_books(const TextSourceOptions& options);
 
 }  // namespace replayssm::io

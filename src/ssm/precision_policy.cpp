@@ -4,6 +4,7 @@
 //            | fmt '@' L             (shared)
 //            | fmt '/' fmt '@' L     (split: read format, then recurrence format)
 //   fmt     := format ['+' ('rtn' | 'sr')]        format: fp32 fp16 bf16 e4m3 e2m1 fp8b128 (fp8) nvfp4
+// A spec (parse_policy_spec) may omit '@L' for shared and split as well.
 // fp32 takes no rounding. Omitted rounding: rtn, except the recurrence format of a split
 // policy, which defaults to sr. Canonical form (to_string): every non-fp32 format carries its
 // rounding, ",seed=N" only when N != 0, scheme "conv", format names as formats::to_string.
@@ -18,8 +19,6 @@
 namespace replayssm::ssm {
 
 namespace {
-
-constexpr int kMaxWindow = 1 << 20;
 
 [[noreturn]] void fail(std::string_view text, const std::string& what) {
   throw std::invalid_argument(fmt::format(
@@ -87,10 +86,12 @@ std::string format_to_string(const StateFormat& f) {
 
 }  // namespace
 
-PrecisionPolicy PrecisionPolicy::parse(std::string_view raw) {
+PolicySpec parse_policy_spec(std::string_view raw) {
   const std::string_view text = trim(raw);
   if (text.empty()) fail(raw, "empty text");
-  PrecisionPolicy p;
+  PolicySpec spec;
+  spec.text = std::string(text);
+  PrecisionPolicy& p = spec.policy;
 
   // Options after the first ','.
   std::string_view main = text;
@@ -110,7 +111,7 @@ PrecisionPolicy PrecisionPolicy::parse(std::string_view raw) {
       const std::string_view value = option.substr(eq + 1);
       if (!parse_unsigned(value, p.seed))
         fail(text, fmt::format("seed must be an unsigned 64-bit decimal integer, got '{}'", value));
-      have_seed = true;
+      have_seed = spec.seed_given = true;
       if (next == std::string_view::npos) break;
       rest = rest.substr(next + 1);
     }
@@ -133,14 +134,10 @@ PrecisionPolicy PrecisionPolicy::parse(std::string_view raw) {
 
   const std::size_t at = body.find('@');
   std::string_view formats_part = body.substr(0, at);
-  if (at == std::string_view::npos) {
-    if (p.scheme != DecodeScheme::conventional)
-      fail(text, fmt::format("missing window '@L' after '{}': {} policies need one, e.g. '{}@16'", body,
-                             scheme, body));
-    p.window = 1;
-  } else {
+  if (at != std::string_view::npos) {
     const std::string_view window = body.substr(at + 1);
     p.window = parse_window(text, window);
+    spec.window_given = true;
     if (p.scheme == DecodeScheme::conventional && p.window != 1)
       fail(text, fmt::format("conventional decode is window 1 by definition, got '@{}'", window));
   }
@@ -160,7 +157,18 @@ PrecisionPolicy PrecisionPolicy::parse(std::string_view raw) {
                              scheme));
     p.recur = parse_format(text, formats_part, formats::Rounding::rtn, "state");
   }
-  return p;
+  return spec;
+}
+
+PrecisionPolicy PrecisionPolicy::parse(std::string_view raw) {
+  const PolicySpec spec = parse_policy_spec(raw);
+  if (!spec.window_given && spec.policy.scheme != DecodeScheme::conventional) {
+    PrecisionPolicy example = spec.policy;
+    example.window = 16;
+    fail(spec.text, fmt::format("missing window '@L': {} policies need one, e.g. '{}'",
+                                spec.policy.scheme == DecodeScheme::shared ? "shared" : "split", example.to_string()));
+  }
+  return spec.policy;
 }
 
 std::string PrecisionPolicy::to_string() const {

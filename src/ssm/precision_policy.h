@@ -12,6 +12,8 @@
 //   any of them may end in ",seed=N" (default seed 0).
 // Rounding defaults when omitted: rtn, except a split policy's recurrence format, which defaults
 // to sr (the paper's configuration); fp32 takes no rounding.
+// A policy *spec* (parse_policy_spec) is the same text with '@L' optional for shared and split too:
+// policy lists (eval/policy_set.h) leave out the window and seed that a sweep fills in.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,6 +22,8 @@
 #include "formats/quantized_matrix.h"
 
 namespace replayssm::ssm {
+
+inline constexpr int kMaxWindow = 1 << 20;  // largest window L accepted anywhere
 
 enum class DecodeScheme : uint8_t { conventional, shared, split };
 
@@ -43,5 +47,17 @@ struct PrecisionPolicy {
   // True when the policy is exact FP32 (conv:fp32, shared:fp32@L, split:fp32/fp32@L).
   bool is_fp32_exact() const;
 };
+
+// A policy as written, before a sweep fills in what was left out.
+struct PolicySpec {
+  PrecisionPolicy policy;      // window 1 and seed 0 where not written
+  bool window_given = false;   // '@L' was written
+  bool seed_given = false;     // ',seed=N' was written
+  std::string text;            // as written (trimmed), for messages
+};
+
+// The grammar of PrecisionPolicy::parse with '@L' optional for every scheme. Throws
+// std::invalid_argument like parse.
+PolicySpec parse_policy_spec(std::string_view text);
 
 }  // namespace replayssm::ssm

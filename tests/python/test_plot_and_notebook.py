@@ -153,8 +153,8 @@ def paper_like(tmp_path_factory):
 
 
 def test_no_script_shadows_a_standard_module():
-    """scripts/ is first on sys.path when a script runs (and in conftest.py): a script named like a
-    standard module (scripts/tokenize.py once) replaces it for numpy, inspect, linecache, torch."""
+    """scripts/ is first on sys.path when a script runs: a script named like a
+    standard module (as scripts/tokenize.py once did) replaces it for numpy, inspect, linecache, torch."""
     clashes = sorted(p.name for p in (ROOT / "scripts").glob("*.py") if p.stem in sys.stdlib_module_names)
     assert clashes == []
     r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import tokenize, linecache; "

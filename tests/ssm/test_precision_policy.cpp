@@ -101,3 +101,32 @@ TEST_CASE("malformed policies are rejected with messages that quote the text") {
   check_error("shared:@16", "missing state format");
   check_error("split:/fp32@16", "missing read format");
 }
+
+TEST_CASE("policy specs: the same grammar with the window optional, and what was written") {
+  const PolicySpec a = parse_policy_spec(" shared:nvfp4+sr ");
+  CHECK(a.text == "shared:nvfp4+sr");
+  CHECK(a.policy.scheme == DecodeScheme::shared);
+  CHECK(a.policy.recur == StateFormat{StorageFormat::nvfp4, Rounding::sr});
+  CHECK_FALSE(a.window_given);
+  CHECK_FALSE(a.seed_given);
+  const PolicySpec b = parse_policy_spec("split:nvfp4/fp16@8,seed=0");
+  CHECK(b.window_given);
+  CHECK(b.seed_given);  // written, even though it is the default value
+  CHECK(b.policy == PrecisionPolicy::parse("split:nvfp4+rtn/fp16+sr@8"));
+  CHECK_FALSE(parse_policy_spec("conv:fp16+sr").window_given);
+  CHECK(parse_policy_spec("conv:fp16+sr").policy.window == 1);
+  // Everything else is checked as by parse.
+  CHECK_THROWS_WITH(parse_policy_spec("split:nvfp4@8"), doctest::Contains("split needs two formats"));
+  CHECK_THROWS_WITH(parse_policy_spec("shared:nvfp4,seed=x"), doctest::Contains("seed must be"));
+  CHECK_THROWS_WITH(parse_policy_spec("shared:nvfp4@0"), doctest::Contains("at least 1"));
+  CHECK_THROWS_WITH(parse_policy_spec(""), doctest::Contains("empty"));
+  // The window bound is the public kMaxWindow.
+  CHECK(parse_policy_spec("shared:nvfp4@1048576").policy.window == kMaxWindow);
+  CHECK_THROWS_WITH(parse_policy_spec("shared:nvfp4@1048577"), doctest::Contains("supported maximum 1048576"));
+}
+
+TEST_CASE("a policy without its window says so with an example of the same policy") {
+  check_error("shared:fp16+sr,seed=3",
+              "missing window '@L': shared policies need one, e.g. 'shared:fp16+sr@16,seed=3'");
+  check_error("split:nvfp4/fp32", "e.g. 'split:nvfp4+rtn/fp32@16'");
+}
