@@ -29,7 +29,8 @@ constexpr int kTokens = 3000;
 constexpr double kFp32Tolerance = 1e-5;    // ReplaySSM forms vs FP32 conventional
 constexpr double kOracleTolerance = 1e-5;  // FP32 results vs the float64 oracle
 
-void check_within(const Outputs& got, const Outputs& ref, double tol, const char* what) {
+template <class Ref>  // float outputs or the float64 oracle's
+void check_within(const Outputs& got, const std::vector<std::vector<Ref>>& ref, double tol, const char* what) {
   CHECK_CLOSE(compare_close(got, ref, relative_to_rms(tol, ref), what));
 }
 
