@@ -65,7 +65,7 @@ def temporaries(folder):
 def test_disk_full_while_a_cell_is_written(exe, text, tmp_path):
     out = tmp_path / "res" / "r.h5"
     r = run_sweep(exe, text, out, file_size_limit=4000)  # below one cell file (about 15 KB)
-    assert r.returncode == 1, r.stderr  # was -11: a segfault in HDF5's exit handler
+    assert r.returncode == 2, r.stderr  # was -11: a segfault in HDF5's exit handler
     cell = out.parent / ".r.h5.parts" / "c0000-b00000.h5"
     assert f"cannot write {cell}" in r.stderr and "File too large" in r.stderr, r.stderr
     assert temporaries(out.parent) == []
@@ -78,7 +78,7 @@ def test_disk_full_while_a_cell_is_written(exe, text, tmp_path):
 def test_disk_full_during_the_final_merge_keeps_the_cells(exe, text, tmp_path):
     out = tmp_path / "r.h5"
     r = run_sweep(exe, text, out, file_size_limit=30000)  # cells fit, the result (about 58 KB) not
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 2, r.stderr
     assert f"cannot write {out}: " in r.stderr and "(the file size limit was reached)" in r.stderr, r.stderr
     assert temporaries(tmp_path) == []
     assert not out.exists()
@@ -95,7 +95,7 @@ def test_disk_full_during_a_forced_rerun_leaves_the_old_result(exe, text, tmp_pa
     assert first.returncode == 0, first.stderr
     before = out.read_bytes()
     r = run_sweep(exe, text, out, "--force", file_size_limit=len(before) + 100)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 2, r.stderr
     assert f"cannot write {out}" in r.stderr, r.stderr
     assert out.read_bytes() == before
     assert temporaries(tmp_path) == []
@@ -121,7 +121,7 @@ def test_a_full_filesystem_is_reported_as_such(exe, text, tmp_path):
     cmd = " ".join(f"'{a}'" for a in sweep_args(exe, text, full / "r.h5"))
     r = in_private_mount_namespace(
         f"mount -t tmpfs -o size=100k tmpfs '{full}' && {{ {cmd}; echo rc=$?; find '{full}' | sort; }}")
-    assert "rc=1" in r.stdout, r.stdout + r.stderr
+    assert "rc=2" in r.stdout, r.stdout + r.stderr
     assert f"cannot write {full / 'r.h5'}" in r.stderr and "No space left on device (the disk is full)" in r.stderr
     assert ".tmp-" not in r.stdout  # no temporary on the full filesystem
     assert "c0001-b00001.h5" in r.stdout  # the cells survive for the next run
@@ -149,12 +149,12 @@ def test_a_finished_result_is_summarised_on_a_read_only_filesystem(exe, text, tm
 def test_hostile_outputs_are_refused_and_left_alone(exe, text, tmp_path):
     (tmp_path / "dir.h5").mkdir()
     r = run_sweep(exe, text, tmp_path / "dir.h5")
-    assert r.returncode == 1 and f"--out {tmp_path / 'dir.h5'} is a directory" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"--out {tmp_path / 'dir.h5'} is a directory" in r.stderr, r.stderr
 
     notes = tmp_path / "notes.h5"
     notes.write_text("my notes")
     r = run_sweep(exe, text, notes)
-    assert r.returncode == 1 and f"{notes}: not an HDF5 file" in r.stderr and "--force" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"{notes}: not an HDF5 file" in r.stderr and "--force" in r.stderr, r.stderr
     assert notes.read_text() == "my notes"
 
     good = tmp_path / "good.h5"
@@ -167,21 +167,21 @@ def test_hostile_outputs_are_refused_and_left_alone(exe, text, tmp_path):
         del g["bucket_count"]
         g["bucket_count"] = [1, 2]
     r = run_sweep(exe, text, bad)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 2, r.stderr
     assert "configs/shared:nvfp4+sr@16/aggregate/bucket_count holds 2 values, expected" in r.stderr, r.stderr
     newer = tmp_path / "newer.h5"
     shutil.copy(good, newer)
     with h5py.File(newer, "r+") as f:
         f.attrs["schema_version"] = 2
     r = run_sweep(exe, text, newer)
-    assert r.returncode == 1 and "result schema version 2 (this build reads 1)" in r.stderr, r.stderr
+    assert r.returncode == 2 and "result schema version 2 (this build reads 1)" in r.stderr, r.stderr
     # A file that does not say it is complete is not taken for a finished result.
     unfinished = tmp_path / "unfinished.h5"
     shutil.copy(good, unfinished)
     with h5py.File(unfinished, "r+") as f:
         del f["configs/shared:fp16+sr@16"].attrs["complete"]
     r = run_sweep(exe, text, unfinished)
-    assert r.returncode == 1 and f"{unfinished} holds this sweep but is not marked complete" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"{unfinished} holds this sweep but is not marked complete" in r.stderr, r.stderr
     # A float where a count belongs is refused, not truncated.
     floaty = tmp_path / "floaty.h5"
     shutil.copy(good, floaty)
@@ -191,5 +191,5 @@ def test_hostile_outputs_are_refused_and_left_alone(exe, text, tmp_path):
         del g["positions"]
         g["positions"] = value + 0.5
     r = run_sweep(exe, text, floaty)
-    assert r.returncode == 1 and "aggregate/positions: dataset holds float64, expected int64" in r.stderr, r.stderr
+    assert r.returncode == 2 and "aggregate/positions: dataset holds float64, expected int64" in r.stderr, r.stderr
     assert temporaries(tmp_path) == []
