@@ -149,7 +149,7 @@ struct Collected {
 // to one code step. Elements outside `tol` are such flips: they are counted and reported, at most
 // 0.1% of the elements may be, and every element stays within one code step, 0.25 (rms + |cpu|).
 void check_with_flips(const Collected& meter, const test::Closeness& close, const char* what) {
-  MESSAGE(what << ": " << close.mismatches << " of " << close.count << " elements beyond the FP32-path tolerance "
+  MESSAGE(std::string(what) << ": " << close.mismatches << " of " << close.count << " elements beyond the FP32-path tolerance "
                << "(flipped low-precision codes)");
   INFO(close.report());
   CHECK(close.mismatches * 1000 <= close.count);
