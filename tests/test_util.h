@@ -1,12 +1,16 @@
 // Shared helpers for the doctest suites.
 #pragma once
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -27,6 +31,49 @@ inline std::string source_path(const std::string& relative) {
 
 // Fixed base seed, recorded in the log; each case derives its own so inputs are fresh per case.
 inline constexpr uint64_t kBaseSeed = 20261130;
+
+// ---- errors and scratch directories ------------------------------------------------------------
+// The message of the exception (of type E) that f throws; "(no error)" when it throws none.
+template <class E = std::exception, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// DIR/replayssm_test_TAG_PID under the system temp dir, emptied now and left afterwards (so that a
+// failing test's files can be looked at).
+inline std::filesystem::path fresh_dir(const std::string& tag) {
+  const auto d = std::filesystem::temp_directory_path() / ("replayssm_test_" + tag + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+// A fresh directory that is removed with the object; each one of a process has its own number.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "tmp") {
+    static int counter = 0;
+    path_ = fresh_dir(tag + "_" + std::to_string(++counter));
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string str(const std::string& sub = "") const { return sub.empty() ? path_.string() : (path_ / sub).string(); }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // ---- the comparison rule of every numeric test ---------------------------------------------------
 // Element i of `got` matches `ref` when |got_i - ref_i| <= atol + rtol * |ref_i|. NaN on either side

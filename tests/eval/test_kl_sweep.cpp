@@ -33,12 +33,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("replayssm_test_kl_sweep_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return replayssm::test::fresh_dir("kl_sweep_" + name); }
 
 std::vector<eval::SweepBook> make_books(int count, int n_tokens, int vocab, uint64_t seed) {
   boost::random::mt19937_64 rng(seed);

@@ -7,21 +7,11 @@
 #include <vector>
 
 #include "eval/policy_set.h"
+#include "test_util.h"
 
 using namespace replayssm;
 
 namespace {
-
-// The message of the std::invalid_argument that f throws ("" if none).
-template <class F>
-std::string invalid_argument_of(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::vector<std::string> names(const std::vector<ssm::PrecisionPolicy>& policies) {
   std::vector<std::string> out;
@@ -63,24 +53,24 @@ TEST_CASE("malformed policy lists are refused, saying what a list looks like") {
   // These used to give no policies at all, and the sweep silently ran the default set.
   for (const char* empty : {"", " ", " , ", ",,", "shared:nvfp4+sr,", ",shared:nvfp4+sr", "conv:fp32,,conv:fp16"}) {
     CAPTURE(empty);
-    const std::string msg = invalid_argument_of([&] { eval::parse_policy_list(empty); });
+    const std::string msg = test::error_of<std::invalid_argument>([&] { eval::parse_policy_list(empty); });
     CHECK((msg.find("empty policy list") != std::string::npos || msg.find("is empty") != std::string::npos));
     CHECK(msg.find("a policy list is P1,P2,...") != std::string::npos);
   }
-  CHECK(invalid_argument_of([] { eval::parse_policy_list("conv:fp32,,conv:fp16"); }).find("piece 2 is empty") !=
+  CHECK(test::error_of<std::invalid_argument>([] { eval::parse_policy_list("conv:fp32,,conv:fp16"); }).find("piece 2 is empty") !=
         std::string::npos);
   // An option first: it was glued to nothing and reported as "missing ':'".
-  const std::string option_first = invalid_argument_of([] { eval::parse_policy_list(",foo=1"); });
+  const std::string option_first = test::error_of<std::invalid_argument>([] { eval::parse_policy_list(",foo=1"); });
   CHECK(option_first.find("'foo=1' is an option, but no policy comes before it") != std::string::npos);
-  CHECK(invalid_argument_of([] { eval::parse_policy_list("seed=2,shared:nvfp4+sr"); })
+  CHECK(test::error_of<std::invalid_argument>([] { eval::parse_policy_list("seed=2,shared:nvfp4+sr"); })
             .find("'seed=2' is an option, but no policy comes before it") != std::string::npos);
   // An unknown option after a policy, a malformed policy.
-  CHECK(invalid_argument_of([] { eval::parse_policy_list("shared:nvfp4+sr,foo=1"); })
+  CHECK(test::error_of<std::invalid_argument>([] { eval::parse_policy_list("shared:nvfp4+sr,foo=1"); })
             .find("unknown option 'foo=1'") != std::string::npos);
-  CHECK(invalid_argument_of([] { eval::parse_policy_list("conv:fp32,shared:nvfp5+sr"); })
+  CHECK(test::error_of<std::invalid_argument>([] { eval::parse_policy_list("conv:fp32,shared:nvfp5+sr"); })
             .find("unknown number format 'nvfp5'") != std::string::npos);
   // A seed on a policy that rounds to nearest would only rename the configuration.
-  const std::string rtn_seed = invalid_argument_of([] { eval::parse_policy_list("shared:nvfp4+rtn@16,seed=2"); });
+  const std::string rtn_seed = test::error_of<std::invalid_argument>([] { eval::parse_policy_list("shared:nvfp4+rtn@16,seed=2"); });
   CHECK(rtn_seed.find("'shared:nvfp4+rtn@16,seed=2' has ',seed='") != std::string::npos);
   CHECK(rtn_seed.find("uses no stochastic rounding") != std::string::npos);
   CHECK_THROWS_AS(eval::parse_policy_list("conv:fp32,seed=1"), std::invalid_argument);
@@ -103,16 +93,16 @@ TEST_CASE("expansion over windows and seeds sets the parsed value's fields") {
 }
 
 TEST_CASE("windows and seeds: out of range or listed twice is refused") {
-  CHECK(invalid_argument_of([] { expand("shared:nvfp4+sr", {0}, {}); }).find("window 0 is outside [1, 1048576]") !=
+  CHECK(test::error_of<std::invalid_argument>([] { expand("shared:nvfp4+sr", {0}, {}); }).find("window 0 is outside [1, 1048576]") !=
         std::string::npos);
-  CHECK(invalid_argument_of([] { expand("shared:nvfp4+sr", {-4}, {}); }).find("window -4 is outside") !=
+  CHECK(test::error_of<std::invalid_argument>([] { expand("shared:nvfp4+sr", {-4}, {}); }).find("window -4 is outside") !=
         std::string::npos);
-  CHECK(invalid_argument_of([] { expand("shared:nvfp4+sr", {ssm::kMaxWindow + 1}, {}); }).find("outside") !=
+  CHECK(test::error_of<std::invalid_argument>([] { expand("shared:nvfp4+sr", {ssm::kMaxWindow + 1}, {}); }).find("outside") !=
         std::string::npos);
   CHECK(expand("shared:nvfp4+sr", {ssm::kMaxWindow}, {}).at(0).window == ssm::kMaxWindow);
-  CHECK(invalid_argument_of([] { expand("shared:nvfp4+sr", {1, 1}, {}); }).find("window 1 is listed twice") !=
+  CHECK(test::error_of<std::invalid_argument>([] { expand("shared:nvfp4+sr", {1, 1}, {}); }).find("window 1 is listed twice") !=
         std::string::npos);
-  CHECK(invalid_argument_of([] { expand("shared:nvfp4+sr", {}, {7, 7}); }).find("seed 7 is listed twice") !=
+  CHECK(test::error_of<std::invalid_argument>([] { expand("shared:nvfp4+sr", {}, {7, 7}); }).find("seed 7 is listed twice") !=
         std::string::npos);
   CHECK(eval::expand_policies({}, {4}, {}).empty());
 }

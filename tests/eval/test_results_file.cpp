@@ -22,12 +22,7 @@ namespace h5 = replayssm::io::h5;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("replayssm_test_results_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return replayssm::test::fresh_dir("results_" + name); }
 
 KlStats stats_with(const std::vector<int64_t>& edges, std::initializer_list<double> kls, std::vector<float>* kl_out) {
   KlStats s(edges);

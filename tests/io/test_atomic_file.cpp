@@ -9,21 +9,16 @@
 #include <string>
 
 #include "io/atomic_file.h"
+#include "test_util.h"
 
 using namespace replayssm::io;
 namespace fs = std::filesystem;
 
-namespace {
+using replayssm::test::error_of;
+using replayssm::test::contains;
+using replayssm::test::TempDir;
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("replayssm_test_atomic_" + std::to_string(::getpid()));
-  TempDir() {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+namespace {
 
 long dead_pid() {
   const pid_t child = ::fork();
@@ -38,17 +33,6 @@ std::string contents(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 }  // namespace
 
 TEST_CASE("remove_stale_temps removes exactly NAME's temporaries of dead processes") {
@@ -60,13 +44,13 @@ TEST_CASE("remove_stale_temps removes exactly NAME's temporaries of dead process
   const std::string not_a_pid = d / ".px.h5.tmp-12x";
   for (const auto& p : {stale, other_output, live, not_a_pid}) touch(p);
   std::ostringstream log;
-  CHECK(remove_stale_temps(d.path.string(), "px.h5", log, "test") == 1);
+  CHECK(remove_stale_temps(d.path().string(), "px.h5", log, "test") == 1);
   CHECK_FALSE(fs::exists(stale));
   CHECK(fs::exists(other_output));
   CHECK(fs::exists(live));
   CHECK(fs::exists(not_a_pid));
   CHECK(log.str() == "test: removed " + stale + " (left by an interrupted run)\n");
-  CHECK(remove_stale_temps(d.path.string(), "px.h5.2", log, "test") == 1);
+  CHECK(remove_stale_temps(d.path().string(), "px.h5.2", log, "test") == 1);
   CHECK_FALSE(fs::exists(other_output));
 }
 
@@ -97,7 +81,7 @@ TEST_CASE("AtomicFile discards on destruction, commit renames, no-replace refuse
     AtomicFile f(out, /*replace_existing=*/false);
     f.write("newer");
     const std::string e = error_of([&] { f.commit(); });
-    CHECK_MESSAGE(has(e, out + ": already exists"), e);
+    CHECK_MESSAGE(contains(e, out + ": already exists"), e);
   }
   CHECK(contents(out) == "new");
   CHECK_FALSE(fs::exists(tmp));
@@ -120,18 +104,18 @@ TEST_CASE("commit_together commits all outputs or removes the ones it created") 
     fa.write("A2");
     fc.write("C");
     const std::string e = error_of([&] { commit_together({&fa, &fc}); });
-    CHECK_MESSAGE(has(e, c + ": already exists"), e);
-    CHECK_MESSAGE(has(e, "removed the outputs already written: " + d / "a2"), e);
+    CHECK_MESSAGE(contains(e, c + ": already exists"), e);
+    CHECK_MESSAGE(contains(e, "removed the outputs already written: " + d / "a2"), e);
   }
   CHECK_FALSE(fs::exists(d / "a2"));
   CHECK(contents(c) == "someone else's");
-  for (const auto& entry : fs::directory_iterator(d.path)) CHECK_FALSE(has(entry.path().filename().string(), ".tmp-"));
+  for (const auto& entry : fs::directory_iterator(d.path())) CHECK_FALSE(contains(entry.path().filename().string(), ".tmp-"));
 }
 
 TEST_CASE("AtomicFile errors name the output and the reason") {
   TempDir d;
   AtomicFile f(d / "missing_dir/o.npy");
   const std::string e = error_of([&] { f.write("x"); });
-  CHECK_MESSAGE(has(e, d / "missing_dir/o.npy: cannot create the temporary file"), e);
-  CHECK_MESSAGE(has(e, "No such file or directory"), e);
+  CHECK_MESSAGE(contains(e, d / "missing_dir/o.npy: cannot create the temporary file"), e);
+  CHECK_MESSAGE(contains(e, "No such file or directory"), e);
 }

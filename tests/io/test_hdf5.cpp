@@ -10,6 +10,7 @@
 
 #include "io/atomic_file.h"
 #include "io/hdf5.h"
+#include "test_util.h"
 
 using namespace replayssm;
 using namespace replayssm::io;
@@ -17,12 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("replayssm_test_h5_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return replayssm::test::fresh_dir("h5_" + name); }
 
 std::size_t entries(const fs::path& d) {
   return static_cast<std::size_t>(std::distance(fs::directory_iterator(d), fs::directory_iterator()));

@@ -17,14 +17,12 @@
 using namespace replayssm::io;
 namespace fs = std::filesystem;
 
+using replayssm::test::error_of;
+using replayssm::test::contains;
+
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("replayssm_test_text_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return replayssm::test::fresh_dir("text_" + name); }
 
 void write(const fs::path& p, const std::string& bytes) {
   std::ofstream out(p, std::ios::binary);
@@ -56,19 +54,6 @@ const std::vector<std::pair<std::string, std::string>> kVariants = {
                             "\nEnd of this Project Gutenberg Etext of X\n"},
     {"lowercase-indented", "   ***   start of the project gutenberg ebook x ***\n" + kBody + "  *** end of the project gutenberg ebook x\n"},
 };
-
-// The message of the exception f throws ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -120,9 +105,9 @@ TEST_CASE("FNV-1a 64 known answers") {
 TEST_CASE("a book directory: sorted .txt files, corpus notes left out, clear errors") {
   const fs::path d = fresh_dir("dir");
   const std::string missing = error_of([&] { list_book_files((d / "missing").string()); });
-  CHECK(has(missing, "no text found in"));
-  CHECK(has(missing, "does not exist"));
-  CHECK(has(missing, "point --text-dir at a folder of PG-19 .txt books, e.g. ../shared/data/pg19/test"));
+  CHECK(contains(missing, "no text found in"));
+  CHECK(contains(missing, "does not exist"));
+  CHECK(contains(missing, "point --text-dir at a folder of PG-19 .txt books, e.g. ../shared/data/pg19/test"));
   CHECK_THROWS_WITH(list_book_files(d.string()), doctest::Contains("no .txt books"));
   write(d / "b.txt", "*** START OF THE PROJECT GUTENBERG EBOOK B ***\nbbbb\n");
   write(d / "a.TXT", "aaaaaaaaaa\n");
@@ -151,9 +136,9 @@ TEST_CASE("a book directory: sorted .txt files, corpus notes left out, clear err
   // Short books: an error saying how long the book is, or skipped.
   o.length = 5;
   const std::string short_msg = error_of([&] { load_books(o); });
-  CHECK(has(short_msg, "b.txt: 5 tokens after stripping"));
-  CHECK(has(short_msg, "--length 5 needs 6"));
-  CHECK(has(short_msg, "--short-books skip"));
+  CHECK(contains(short_msg, "b.txt: 5 tokens after stripping"));
+  CHECK(contains(short_msg, "--length 5 needs 6"));
+  CHECK(contains(short_msg, "--short-books skip"));
   o.short_books = ShortBooks::skip;
   const LoadedBooks skipped = load_books(o);
   REQUIRE(skipped.books.size() == 1);
@@ -180,8 +165,8 @@ TEST_CASE("a .txt entry that cannot be read as a book is named, not skipped") {
   // A broken link used to be skipped, and a folder of only broken links said "no .txt books".
   fs::create_symlink(d / "gone.txt", d / "b.txt");
   const std::string broken = error_of([&] { list_book_files(d.string()); });
-  CHECK(has(broken, (d / "b.txt").string() + ": a broken symbolic link"));
-  CHECK(has(broken, "gone.txt"));
+  CHECK(contains(broken, (d / "b.txt").string() + ": a broken symbolic link"));
+  CHECK(contains(broken, "gone.txt"));
   fs::remove(d / "b.txt");
   // A link to a book is the book.
   fs::create_symlink(d / "a.txt", d / "c.txt");
@@ -200,7 +185,7 @@ TEST_CASE("a .txt entry that cannot be read as a book is named, not skipped") {
   // Two files that are the same book name.
   write(d / "a.TXT", "bbbbbbbb\n");
   const std::string twice = error_of([&] { list_book_files(d.string()); });
-  CHECK(has(twice, "a.TXT and a.txt are both book 'a'"));
+  CHECK(contains(twice, "a.TXT and a.txt are both book 'a'"));
   fs::remove(d / "a.TXT");
   // A text dir that is a file.
   CHECK_THROWS_WITH(list_book_files((d / "a.txt").string()), doctest::Contains("a.txt: not a directory"));
@@ -275,8 +260,8 @@ TEST_CASE("pre-tokenised books: manifest, .npy ids, and refusal of tokens made f
   m["version"] = 7;
   write(d / "tok" / "manifest.json", m.dump());
   const std::string bad_manifest = error_of([&] { load_books(o); });
-  CHECK(has(bad_manifest, "malformed token manifest"));
-  CHECK(has(bad_manifest, "version 7"));
+  CHECK(contains(bad_manifest, "malformed token manifest"));
+  CHECK(contains(bad_manifest, "version 7"));
   m["version"] = 1;
   write(d / "tok" / "manifest.json", m.dump());
   const float f[5] = {1, 2, 3, 4, 5};
@@ -295,7 +280,7 @@ TEST_CASE("pre-tokenised books: manifest, .npy ids, and refusal of tokens made f
     nlohmann::json escape = m;
     escape["books"][0]["tokens"] = outside;
     write(d / "tok" / "manifest.json", escape.dump());
-    CHECK(has(error_of([&] { load_books(o); }), fmt::format("\"tokens\": \"{}\" is not a file name inside", outside)));
+    CHECK(contains(error_of([&] { load_books(o); }), fmt::format("\"tokens\": \"{}\" is not a file name inside", outside)));
   }
   nlohmann::json object = m;
   object["books"] = {{"x", m["books"][0]}};

@@ -28,15 +28,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string load_error(const fs::path& dir) {
-  return error_of([&] { (void)CausalLM::load(dir.string()); });
-}
 std::string inspect_error(const fs::path& dir) {
   return error_of([&] { (void)CausalLM::inspect(dir.string()); });
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
 }
 
 // One edit of a golden model's config.json and a fragment its error must contain.

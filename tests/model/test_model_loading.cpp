@@ -18,10 +18,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string load_error(const fs::path& dir) {
-  return error_of([&] { (void)CausalLM::load(dir.string()); });
-}
-
 Mat fp32_logprobs(const std::string& dir, const std::vector<int64_t>& tokens) {
   ForwardOptions o;
   o.threads = 2;

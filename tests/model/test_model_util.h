@@ -7,13 +7,13 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "io/npy.h"
+#include "model/causal_lm.h"
 #include "model/json_util.h"
 #include "test_util.h"
 
@@ -31,26 +31,6 @@ inline std::vector<int64_t> read_tokens(const std::string& path) {
   std::memcpy(t.data(), a.data.data(), t.size() * 8);
   return t;
 }
-
-// A fresh directory under the system temp dir, removed on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = std::filesystem::temp_directory_path() /
-            ("replayssm_model_test_" + std::to_string(rd()) + "_" + std::to_string(rd()));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-  std::string str(const std::string& sub = "") const { return sub.empty() ? path_.string() : (path_ / sub).string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -117,21 +97,16 @@ inline void copy_model(const std::string& name, const std::filesystem::path& dir
                                std::filesystem::copy_options::overwrite_existing);
 }
 
-// The message of the exception f throws, or "(no error)".
-inline std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 // Rewrites dir/config.json through `edit`.
 inline void edit_config(const std::filesystem::path& dir, const std::function<void(nlohmann::json&)>& edit) {
   nlohmann::json j = model::read_json_file((dir / "config.json").string());
   edit(j);
   spit(dir / "config.json", j.dump(2));
+}
+
+// The message CausalLM::load throws for the checkpoint in dir; "(no error)" when it loads.
+inline std::string load_error(const std::filesystem::path& dir) {
+  return error_of([&] { (void)model::CausalLM::load(dir.string()); });
 }
 
 }  // namespace replayssm::test
