@@ -41,6 +41,15 @@ attention, chunked SSM scans). All models are FP32 with dk = 128, so that every 
 * ``qwen3_5_tiny``   Qwen3_5ForCausalLM (Qwen3_5TextConfig), layers GDN,GDN,attn,GDN,attn:
                      4 value heads on 2 key heads, dk 128 != dv 16, gated attention with q/k norm and
                      partial RoPE (factor 0.5), GQA 4:2, SwiGLU MLP, tied embeddings.
+* ``nemotron_h_moe_tiny`` NemotronHForCausalLM, pattern ``ME*-E``: 8 relu2 experts in 4 groups,
+                     top 3 from the 2 best groups, e_score_correction_bias, norm_topk_prob,
+                     routed_scaling_factor 2.5, a shared relu2 expert; hidden 32.
+* ``qwen3_5_moe_tiny``  Qwen3_5MoeForCausalLM, layers GDN,attn,GDN: 8 SwiGLU experts, top 3
+                     (softmax, renormalised), a sigmoid-gated shared expert in every layer; hidden 32.
+
+The MoE goldens record in golden.json how many (token, slot) choices each expert of each MoE layer
+received in the reference forward (``routing``); the generator refuses a model where an expert of
+some layer receives none, so the goldens exercise every expert.
 """
 import json
 import math
@@ -381,7 +390,7 @@ def write_format_goldens(path=FORMAT_GOLDENS):
 MODEL_SEED = 20261130
 N_TOKENS = 320
 MODEL_FORMAT_VERSION = 1
-MODEL_NAMES = ("mamba2_tiny", "nemotron_h_tiny", "qwen3_5_tiny")
+MODEL_NAMES = ("mamba2_tiny", "nemotron_h_tiny", "qwen3_5_tiny", "nemotron_h_moe_tiny", "qwen3_5_moe_tiny")
 MODELS_DIR = ROOT / "data" / "models"
 
 
@@ -415,6 +424,9 @@ def randomise(model, torch, gen, kind):
                 p.copy_(torch.randn(shape, generator=gen) / math.sqrt(shape[-1]))
             elif "conv1d.bias" in name or leaf == "bias":
                 p.copy_(0.1 * torch.randn(shape, generator=gen))
+            elif p.dim() == 3 and ".experts." in name:
+                # fused expert weights [experts, out, in], held so by transformers
+                p.copy_(torch.randn(shape, generator=gen) / math.sqrt(shape[2]))
             elif "embed" in name:
                 # tied models use the embedding as the LM head too: keep the logits' spread moderate
                 tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -425,6 +437,11 @@ def randomise(model, torch, gen, kind):
                 p.copy_(torch.randn(shape, generator=gen) / math.sqrt(shape[1]))
             else:
                 raise RuntimeError(f"no initialisation rule for {name} {shape}")
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                # a saved buffer of the sigmoid routers: small next to the scores' spread, so it moves
+                # some choices, not all
+                b.copy_(0.05 * torch.randn(tuple(b.shape), generator=gen))
 
 
 def build(name, transformers, torch):
@@ -453,7 +470,46 @@ def build(name, transformers, torch):
             rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=4096,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
         return transformers.Qwen3_5ForCausalLM(cfg), "qwen3_5"
+    if name == "nemotron_h_moe_tiny":
+        cfg = transformers.NemotronHConfig(
+            vocab_size=256, hidden_size=32, hybrid_override_pattern="ME*-E", num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, intermediate_size=48, mlp_hidden_act="relu2",
+            mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=128, n_groups=1, conv_kernel=4,
+            chunk_size=64, time_step_min=0.004, layer_norm_epsilon=1e-5, tie_word_embeddings=False,
+            use_conv_bias=True, use_bias=False, mlp_bias=False, attention_bias=False,
+            n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=16,
+            moe_shared_expert_intermediate_size=24, n_group=4, topk_group=2, norm_topk_prob=True,
+            routed_scaling_factor=2.5)
+        return transformers.NemotronHForCausalLM(cfg), "nemotron_h"
+    if name == "qwen3_5_moe_tiny":
+        cfg = transformers.Qwen3_5MoeTextConfig(
+            vocab_size=256, hidden_size=32, num_hidden_layers=3,
+            layer_types=["linear_attention", "full_attention", "linear_attention"],
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, linear_conv_kernel_dim=4,
+            linear_key_head_dim=128, linear_value_head_dim=8, linear_num_key_heads=1, linear_num_value_heads=2,
+            moe_intermediate_size=8, shared_expert_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
+            rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+        return transformers.Qwen3_5MoeForCausalLM(cfg), "qwen3_5"
     raise ValueError(name)
+
+
+def routing_counts(model, torch, input_ids):
+    """Per MoE layer (by name), the number of (token, slot) choices each expert received in one
+    forward: recorded from the router modules' own outputs (their third return value, the indices)."""
+    counts, hooks = {}, []
+    for name, mod in model.named_modules():
+        if type(mod).__name__ in ("NemotronHTopkRouter", "Qwen3_5MoeTopKRouter"):
+            n_exp = mod.weight.shape[0]
+
+            def hook(m, args, out, name=name, n_exp=n_exp):
+                idx = out[2].reshape(-1)
+                counts[name] = torch.bincount(idx, minlength=n_exp).tolist()
+            hooks.append(mod.register_forward_hook(hook))
+    model(input_ids=input_ids, use_cache=False)
+    for h in hooks:
+        h.remove()
+    return counts
 
 
 def write_model_goldens(out_root=MODELS_DIR, names=MODEL_NAMES, log=print):
@@ -481,6 +537,11 @@ def write_model_goldens(out_root=MODELS_DIR, names=MODEL_NAMES, log=print):
         rng = np.random.default_rng(seed)
         tokens = rng.integers(0, vocab, N_TOKENS, dtype=np.int64)
         logits = model(input_ids=torch.from_numpy(tokens)[None], use_cache=False).logits[0]
+        routing = routing_counts(model, torch, torch.from_numpy(tokens)[None])
+        idle = {layer: [e for e, n in enumerate(c) if n == 0] for layer, c in routing.items()}
+        idle = {layer: e for layer, e in idle.items() if e}
+        if idle:
+            raise RuntimeError(f"{name}: experts that receive no token: {idle}; change the randomisation")
         assert logits.dtype == torch.float32
         logprobs = torch.log_softmax(logits.double(), dim=-1).float().numpy()
 
@@ -503,9 +564,14 @@ def write_model_goldens(out_root=MODELS_DIR, names=MODEL_NAMES, log=print):
             "model_type": model.config.model_type,
             "n_tokens": N_TOKENS,
             "vocab_size": vocab,
-            "parameters": int(sum(t.numel() for t in model.parameters())),
+            # parameters plus the buffers saved with them (the routers' e_score_correction_bias):
+            # every value of the checkpoint the forward reads
+            "parameters": int(sum(t.numel() for t in model.parameters()) +
+                              sum(b.numel() for n, b in model.named_buffers() if n in model.state_dict())),
             "mean_entropy_nats": entropy,
             "logit_std": float(logits.std()),
+            **({"routing": {"what": "(token, slot) choices per expert of each MoE layer over the golden tokens; "
+                                    "every expert receives some", "counts": routing}} if routing else {}),
             "reference": "transformers slow torch path on CPU, float32, eager attention; "
                          "log_softmax in float64 of the float32 logits",
         }

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "model/moe.h"
 #include "model/safetensors.h"
 
 namespace replayssm::model {
@@ -85,7 +86,10 @@ CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
       else
         L.mixer = std::make_unique<Attention>(w, p + "self_attn", c.attention, d);
       L.mlp_norm = w.vector(p + "post_attention_layernorm.weight", d);
-      L.mlp = std::make_unique<Mlp>(w, p + "mlp", c.mlp, d);
+      if (c.mlp_is_moe)
+        L.mlp = std::make_unique<MixtureOfExperts>(w, p + "mlp", c.moe, d);
+      else
+        L.mlp = std::make_unique<Mlp>(w, p + "mlp", c.mlp, d);
     } else {
       L.norm = w.vector(p + "norm.weight", d);
       switch (L.kind) {
@@ -97,6 +101,9 @@ CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
           break;
         case LayerKind::mlp:
           L.mixer = std::make_unique<Mlp>(w, p + "mixer", c.mlp, d);
+          break;
+        case LayerKind::moe:
+          L.mixer = std::make_unique<MixtureOfExperts>(w, p + "mixer", c.moe, d);
           break;
         case LayerKind::gated_deltanet:
           throw std::logic_error("gated_deltanet outside qwen3_5");
@@ -141,8 +148,11 @@ std::string CausalLM::describe() const {
   o << fmt::format("hidden size    {}\nvocabulary     {}\n", c.hidden_size, c.vocab_size);
   o << fmt::format("LM head        {}\n",
                    c.tie_word_embeddings ? "tied to the embeddings" : "separate (lm_head.weight)");
-  o << fmt::format("layers         {}: {}   (M Mamba-2, G Gated DeltaNet, * attention, - MLP{})\n", c.layers.size(),
-                   c.pattern(), c.layer_has_mlp ? "; every layer also has an MLP" : "");
+  o << fmt::format("layers         {}: {}   (M Mamba-2, G Gated DeltaNet, * attention, - MLP, E MoE{})\n",
+                   c.layers.size(), c.pattern(),
+                   !c.layer_has_mlp ? ""
+                   : c.mlp_is_moe   ? "; every layer also has a mixture-of-experts MLP"
+                                    : "; every layer also has an MLP");
   const int n_m = static_cast<int>(std::count(c.layers.begin(), c.layers.end(), LayerKind::mamba2));
   const int n_g = static_cast<int>(std::count(c.layers.begin(), c.layers.end(), LayerKind::gated_deltanet));
   if (n_m) {
@@ -166,16 +176,95 @@ std::string CausalLM::describe() const {
                      a.output_gate ? ", sigmoid output gate" : "", a.qk_norm ? ", q/k RMSNorm" : "");
   }
   const int n_mlp = static_cast<int>(std::count(c.layers.begin(), c.layers.end(), LayerKind::mlp)) +
-                    (c.layer_has_mlp ? static_cast<int>(c.layers.size()) : 0);
+                    (c.layer_has_mlp && !c.mlp_is_moe ? static_cast<int>(c.layers.size()) : 0);
   if (n_mlp)
     o << fmt::format("MLP            {} blocks: intermediate {}, {}\n", n_mlp, c.mlp.intermediate_size,
                      c.mlp.activation == MlpActivation::relu2 ? "relu^2" : "SwiGLU");
+  if (c.moe_layer_count()) {
+    const MoeShape& e = c.moe;
+    const RouterSpec& r = e.router;
+    o << fmt::format(
+        "MoE            {} layers: {} experts, top {}{}, {} scores{}, {}{}, experts {} intermediate {}{}{}\n",
+        c.moe_layer_count(), r.n_experts, r.top_k,
+        r.n_group > 1 ? fmt::format(" from the {} best of {} groups", r.topk_group, r.n_group) : std::string(),
+        r.score == RouterSpec::Score::softmax ? "softmax" : "sigmoid",
+        r.correction_bias ? " + correction bias" : "", r.normalise ? "renormalised" : "not renormalised",
+        r.scaling != 1.0f ? fmt::format(", scaled by {}", r.scaling) : std::string(),
+        e.activation == ExpertActivation::relu2 ? "relu^2" : "SwiGLU", e.expert_intermediate,
+        e.latent_size ? fmt::format(" (latent {})", e.latent_size) : std::string(),
+        e.shared_intermediate ? fmt::format(", shared expert intermediate {}{}", e.shared_intermediate,
+                                            e.shared_gate ? " (sigmoid-gated)" : "")
+                              : std::string());
+  }
   o << fmt::format("parameters     {}\n", parameters_);
+  o << memory_description();
   if (!non_finite_.empty()) {
     o << fmt::format("non-finite     {} {} NaN or Inf (loaded as stored):\n", non_finite_.size(),
                      non_finite_.size() == 1 ? "tensor holds" : "tensors hold");
     for (const NonFiniteTensor& t : non_finite_)
       o << fmt::format("               {}: {} of {} ({})\n", t.name, t.count, t.elements, t.file);
+  }
+  return o.str();
+}
+
+namespace {
+constexpr int64_t kPositionChunk = 2048;  // rows of a position-wise block (MLP, MoE) at once
+constexpr int64_t kLmHeadRows = 256;      // ForwardOptions::chunk_positions' default
+}  // namespace
+
+CausalLM::MemoryEstimate CausalLM::forward_memory(int64_t n) const {
+  const ModelConfig& c = config_;
+  MemoryEstimate m;
+  m.weight_bytes = 4 * static_cast<int64_t>(parameters_);
+  // Per position, the widest token mixer: its projections, its output before out_proj and every
+  // head group's copy of q, k, v, gates and outputs handed to the sequence emulator.
+  for (const LayerKind k : c.layers) {
+    int64_t w = 0;
+    if (k == LayerKind::mamba2) {
+      const Mamba2Shape& s = c.mamba;
+      w = int64_t{s.in_proj_width()} + s.intermediate() + 2 * int64_t{s.n_groups} * s.state_size +
+          int64_t{s.num_heads} * (1 + 2 * int64_t{s.head_dim});
+    } else if (k == LayerKind::gated_deltanet) {
+      const GdnShape& s = c.gdn;
+      w = int64_t{s.conv_dim()} + 2 * int64_t{s.value_dim()} + 2 * int64_t{s.num_v_heads} +
+          2 * int64_t{s.num_k_heads} * s.dk + int64_t{s.num_v_heads} * (2 + 2 * int64_t{s.dv});
+    } else if (k == LayerKind::attention) {
+      const AttentionShape& s = c.attention;
+      w = int64_t{s.q_proj_width()} + 3 * int64_t{s.attention_width()} + 2 * int64_t{s.kv_width()};
+    }
+    m.mixer_width = std::max(m.mixer_width, w);
+  }
+  // Position-wise blocks run on at most kPositionChunk rows at once.
+  const int64_t rows = std::min(n, kPositionChunk);
+  int64_t block = 0;
+  if (c.moe_layer_count()) block = std::max(block, MixtureOfExperts::activation_floats(c.moe, c.hidden_size, rows));
+  if (c.mlp.intermediate_size) block = std::max(block, rows * (2 * int64_t{c.mlp.intermediate_size} + c.hidden_size));
+  m.position_block_width = rows ? block / rows : 0;
+  // Residual stream, normalised input and block output (3 x N x hidden), the widest mixer, the
+  // widest position-wise block, and one LM-head chunk of logits.
+  m.activation_bytes =
+      4 * (n * (3 * int64_t{c.hidden_size} + m.mixer_width) + block + std::min(n, kLmHeadRows) * c.vocab_size);
+  return m;
+}
+
+std::string CausalLM::memory_description() const {
+  const auto size = [](int64_t b) {
+    const double mib = static_cast<double>(b) / (1024.0 * 1024.0);
+    return mib < 1024.0 ? fmt::format("{:.2f} MiB", mib) : fmt::format("{:.2f} GiB", mib / 1024.0);
+  };
+  const MemoryEstimate m0 = forward_memory(0);
+  std::ostringstream o;
+  o << fmt::format("memory         weights {} (4 B x {} parameters, float32, each tensor held once)\n",
+                   size(m0.weight_bytes), parameters_);
+  o << fmt::format(
+      "               forward of one policy over N positions ~ weights + 4 B x (N x (3 x hidden + W) + B + "
+      "min(N, {}) x vocab), W = {} floats (widest token mixer per position), B = the widest position-wise block "
+      "on min(N, {}) rows ({} floats per row); + 4 B x N x hidden per further policy\n",
+      kLmHeadRows, m0.mixer_width, kPositionChunk, forward_memory(kPositionChunk).position_block_width);
+  for (const int64_t n : {int64_t{4096}, int64_t{32768}, int64_t{131072}}) {
+    const MemoryEstimate m = forward_memory(n);
+    o << fmt::format("               N = {:>6}: {} ({} activations)\n", n, size(m.weight_bytes + m.activation_bytes),
+                     size(m.activation_bytes));
   }
   return o.str();
 }
@@ -218,7 +307,7 @@ Mat CausalLM::final_hidden(const std::vector<int64_t>& tokens, const PolicyAssig
     const Layer& L = layers_[li];
     const LayerContext ctx{li, &policy.for_layer(li), t};
     const auto start = std::chrono::steady_clock::now();
-    if (L.kind == LayerKind::mlp)
+    if (L.kind == LayerKind::mlp || L.kind == LayerKind::moe)
       chunked(L.norm, *L.mixer, ctx);
     else
       whole(L.norm, *L.mixer, ctx);

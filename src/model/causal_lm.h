@@ -95,6 +95,14 @@ class CausalLM {
   // Human-readable summary (architecture, pattern, SSM head shapes, parameter count, and the
   // tensors holding NaN or Inf, if any).
   std::string describe() const;
+  // Memory the forward of one policy over `positions` tokens needs, in bytes: the float32 weights
+  // (4 B x parameters, each tensor held once) plus the largest activation buffers alive at once
+  // (the formula is printed by describe()). Computed from the config alone: valid after inspect().
+  struct MemoryEstimate {
+    int64_t weight_bytes = 0, activation_bytes = 0;
+    int64_t mixer_width = 0, position_block_width = 0;  // floats per position (see describe())
+  };
+  MemoryEstimate forward_memory(int64_t positions) const;
 
   // Teacher-forced forward of `tokens` under each variant (one pass per variant through the
   // layers, then one shared LM-head pass), streaming logits or log-probs in position chunks.
@@ -113,6 +121,7 @@ class CausalLM {
  private:
   CausalLM() = default;
   static CausalLM build(const std::string& model_dir, bool shapes_only);
+  std::string memory_description() const;
 
   struct Layer {
     LayerKind kind;

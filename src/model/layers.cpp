@@ -34,6 +34,17 @@ Mat WeightLoader::conv_weight(const std::string& name, int channels, int k) {
   return Eigen::Map<const Mat>(t.data.data(), channels, k);
 }
 
+std::vector<float> WeightLoader::values(const std::string& name, const std::vector<int64_t>& shape) {
+  std::size_t n = 1;
+  for (const int64_t d : shape) n *= static_cast<std::size_t>(d);
+  parameters_ += n;
+  if (shapes_only_) {
+    store_.check(name, shape);
+    return {};
+  }
+  return store_.take(name, shape).data;
+}
+
 Linear WeightLoader::linear(const std::string& prefix, int out, int in, bool bias) {
   Linear l;
   l.weight = matrix(prefix + ".weight", out, in);

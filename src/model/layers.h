@@ -27,6 +27,9 @@ class WeightLoader {
   // torch Conv1d depthwise weight [channels, 1, k] -> channels x k.
   Mat conv_weight(const std::string& name, int channels, int k);
   Linear linear(const std::string& prefix, int out, int in, bool bias);
+  // The tensor's float32 values as read (row-major, `shape` checked), handed over without a copy:
+  // for tensors held as they are (expert weights, see model/moe.h). Empty with shapes_only.
+  std::vector<float> values(const std::string& name, const std::vector<int64_t>& shape);
   bool shapes_only() const { return shapes_only_; }
   bool contains(const std::string& name) const { return store_.contains(name); }
   std::size_t parameter_count() const { return parameters_; }

@@ -211,6 +211,66 @@ std::vector<std::string> types_from_pattern(const JsonObject& j, const std::stri
   return types;
 }
 
+// ---- mixture of experts ----
+
+// The routing fields every router reads, checked against each other: top_k <= n_experts, n_group
+// divides the experts, topk_group <= n_group, and the chosen groups hold top_k experts at least.
+// Sigmoid routers score a group by its two best experts, so a group needs two.
+void check_router(const JsonObject& j, const RouterSpec& r, const std::string& experts_key) {
+  if (r.top_k > r.n_experts)
+    fail(j, fmt::format("config key \"num_experts_per_tok\" is {}, expected at most {} = {} (each token picks "
+                        "distinct experts)",
+                        r.top_k, experts_key, r.n_experts));
+  if (r.n_experts % r.n_group != 0)
+    fail(j, fmt::format("config key \"n_group\" is {}, expected a divisor of {} = {} (experts are cut into equal "
+                        "groups)",
+                        r.n_group, experts_key, r.n_experts));
+  if (r.topk_group > r.n_group)
+    fail(j, fmt::format("config key \"topk_group\" is {}, expected at most n_group = {}", r.topk_group, r.n_group));
+  const int per_group = r.n_experts / r.n_group;
+  if (r.score == RouterSpec::Score::sigmoid && per_group < 2)
+    fail(j, fmt::format("{} / n_group = {} / {} leaves {} expert per group, expected at least 2 (a group is scored by "
+                        "its two best experts)",
+                        experts_key, r.n_experts, r.n_group, per_group));
+  if (int64_t{r.topk_group} * per_group < r.top_k)
+    fail(j, fmt::format("topk_group * ({} / n_group) = {} * {} experts compete, expected at least "
+                        "num_experts_per_tok = {}",
+                        experts_key, r.topk_group, per_group, r.top_k));
+}
+
+// A routed-weight factor: finite and positive (0 would silence every expert, a negative one flip them).
+float routed_scaling(const JsonObject& j, const std::string& key, double dflt) {
+  return static_cast<float>(number_in(
+      j, key, dflt, [](double v) { return v > 0.0 && v <= 1e6; }, "a finite number in (0, 1e6]"));
+}
+
+// NemotronHMoE (transformers 5.17): sigmoid router with e_score_correction_bias and grouped
+// selection, relu2 experts (up/down, no bias), a shared relu2 MLP, optional latent projection.
+void load_nemotron_h_moe(ModelConfig& c, const JsonObject& j) {
+  MoeShape& e = c.moe;
+  RouterSpec& r = e.router;
+  const std::string experts_key = present_alias(j, {"n_routed_experts", "num_local_experts"});
+  r.score = RouterSpec::Score::sigmoid;
+  r.n_experts = positive(j, experts_key, 8);
+  r.top_k = positive(j, "num_experts_per_tok", 2);
+  r.n_group = positive(j, "n_group", 1);
+  r.topk_group = positive(j, "topk_group", 1);
+  r.correction_bias = true;
+  r.normalise = j.get_bool("norm_topk_prob", true);
+  r.norm_epsilon = 1e-20f;
+  r.scaling = routed_scaling(j, "routed_scaling_factor", 1.0);
+  check_router(j, r, experts_key);
+  e.expert_intermediate = positive(j, "moe_intermediate_size", 7688);
+  e.activation = ExpertActivation::relu2;
+  e.shared_intermediate = positive(j, "moe_shared_expert_intermediate_size", 7688);
+  e.shared_bias = j.get_bool("mlp_bias", false);
+  e.shared_name = "shared_experts";
+  e.latent_size = j.has("moe_latent_size") ? positive(j, "moe_latent_size") : 0;
+  e.latent_bias = e.shared_bias;
+  const std::string act = j.get_string("mlp_hidden_act", "relu2");
+  if (act != "relu2") fail(j, fmt::format("mlp_hidden_act \"{}\" is not supported (expected \"relu2\")", printable(act)));
+}
+
 void load_nemotron_h(ModelConfig& c, const JsonObject& j) {
   c.vocab_size = positive(j, "vocab_size");
   c.hidden_size = positive(j, "hidden_size");
@@ -255,9 +315,7 @@ void load_nemotron_h(ModelConfig& c, const JsonObject& j) {
     else if (t == "mlp")
       c.layers.push_back(LayerKind::mlp);
     else if (t == "moe")
-      fail(j, fmt::format("layer {} is a mixture-of-experts layer ('E'): MoE layers are not supported yet "
-                          "(dense Nemotron-H only)",
-                          i));
+      c.layers.push_back(LayerKind::moe);
     else
       fail(j, fmt::format("layer {} has type \"{}\", expected linear_attention, full_attention, mlp (or moe)", i,
                           printable(t)));
@@ -302,6 +360,42 @@ void load_nemotron_h(ModelConfig& c, const JsonObject& j) {
     if (act != "relu2") fail(j, fmt::format("mlp_hidden_act \"{}\" is not supported (expected \"relu2\")", printable(act)));
     c.mlp.activation = MlpActivation::relu2;
   }
+  if (c.moe_layer_count() > 0) load_nemotron_h_moe(c, j);
+}
+
+// Qwen3_5MoeSparseMoeBlock (transformers 5.17): softmax router, top-k always renormalised, SwiGLU
+// experts, a SwiGLU shared expert scaled by sigmoid(shared_expert_gate x); every decoder layer's MLP.
+// Keys of other Qwen MoE generations that 5.17 does not read are accepted only where they agree with
+// that computation, so a checkpoint meaning something else is refused rather than misread.
+void load_qwen3_5_moe_mlp(ModelConfig& c, const JsonObject& j) {
+  MoeShape& e = c.moe;
+  RouterSpec& r = e.router;
+  r.score = RouterSpec::Score::softmax;
+  r.n_experts = positive(j, "num_experts");
+  r.top_k = positive(j, "num_experts_per_tok");
+  r.n_group = r.topk_group = 1;
+  r.correction_bias = false;
+  r.normalise = true;
+  r.norm_epsilon = 0.0f;
+  r.scaling = 1.0f;
+  check_router(j, r, "num_experts");
+  if (j.has("norm_topk_prob") && !j.get_bool("norm_topk_prob"))
+    fail(j, "config key \"norm_topk_prob\" is false, but Qwen3.5-MoE (transformers 5.17) always renormalises the "
+            "top-k weights: expected true or absent");
+  if (j.has("decoder_sparse_step") && j.get_int("decoder_sparse_step") != 1)
+    fail(j, fmt::format("config key \"decoder_sparse_step\" is {}, but every Qwen3.5-MoE layer is sparse "
+                        "(transformers 5.17): expected 1 or absent",
+                        j.get_int("decoder_sparse_step")));
+  if (j.has("mlp_only_layers") && !j.json()["mlp_only_layers"].empty())
+    fail(j, fmt::format("config key \"mlp_only_layers\" is {}, but every Qwen3.5-MoE layer is sparse (transformers "
+                        "5.17): expected [] or absent",
+                        j.json()["mlp_only_layers"].dump()));
+  e.expert_intermediate = positive(j, "moe_intermediate_size");
+  e.activation = ExpertActivation::swiglu;
+  e.shared_intermediate = positive(j, "shared_expert_intermediate_size");
+  e.shared_gate = true;
+  e.shared_bias = false;
+  e.shared_name = "shared_expert";
 }
 
 void load_qwen3_5_text(ModelConfig& c, const JsonObject& j, const JsonObject* outer) {
@@ -340,9 +434,13 @@ void load_qwen3_5_text(ModelConfig& c, const JsonObject& j, const JsonObject* ou
   const std::string act = j.get_string("hidden_act", "silu");
   if (act != "silu" && act != "swish")
     fail(j, fmt::format("hidden_act \"{}\" is not supported (expected \"silu\")", printable(act)));
-  c.mlp.intermediate_size = positive(j, "intermediate_size");
-  c.mlp.activation = MlpActivation::swiglu;
-  c.mlp.bias = false;
+  if (c.mlp_is_moe) {
+    load_qwen3_5_moe_mlp(c, j);
+  } else {
+    c.mlp.intermediate_size = positive(j, "intermediate_size");
+    c.mlp.activation = MlpActivation::swiglu;
+    c.mlp.bias = false;
+  }
 
   auto& g = c.gdn;
   g.num_k_heads = positive(j, "linear_num_key_heads", 16);
@@ -420,6 +518,8 @@ char pattern_char(LayerKind k) {
       return '*';
     case LayerKind::mlp:
       return '-';
+    case LayerKind::moe:
+      return 'E';
   }
   return '?';
 }
@@ -434,6 +534,8 @@ std::string to_string(LayerKind k) {
       return "attention";
     case LayerKind::mlp:
       return "mlp";
+    case LayerKind::moe:
+      return "moe";
   }
   return "?";
 }
@@ -451,6 +553,10 @@ int ModelConfig::ssm_layer_count() const {
 }
 int ModelConfig::attention_layer_count() const {
   return static_cast<int>(std::count(layers.begin(), layers.end(), LayerKind::attention));
+}
+int ModelConfig::moe_layer_count() const {
+  return static_cast<int>(std::count(layers.begin(), layers.end(), LayerKind::moe)) +
+         (mlp_is_moe ? static_cast<int>(layers.size()) : 0);
 }
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {
@@ -483,15 +589,24 @@ ModelConfig ModelConfig::from_json_file(const std::string& path) {
     c.arch = Architecture::qwen3_5;
     const JsonObject t = j.get_object("text_config");
     load_qwen3_5_text(c, t, &j);
-  } else if (c.model_type == "qwen3_5_moe" || c.model_type == "qwen3_5_moe_text" || c.model_type == "qwen3_next") {
+  } else if (c.model_type == "qwen3_5_moe_text") {
+    c.arch = Architecture::qwen3_5;
+    c.mlp_is_moe = true;
+    load_qwen3_5_text(c, j, nullptr);
+  } else if (c.model_type == "qwen3_5_moe") {
+    c.arch = Architecture::qwen3_5;
+    c.mlp_is_moe = true;
+    const JsonObject t = j.get_object("text_config");
+    load_qwen3_5_text(c, t, &j);
+  } else if (c.model_type == "qwen3_next") {
     throw std::runtime_error(
-        fmt::format("{}: model_type \"{}\" is a mixture-of-experts model: not supported yet "
-                    "(supported: mamba2, nemotron_h, qwen3_5, qwen3_5_text)",
+        fmt::format("{}: model_type \"{}\" is not supported (supported: mamba2, nemotron_h, qwen3_5, qwen3_5_text, "
+                    "qwen3_5_moe, qwen3_5_moe_text)",
                     path, printable(c.model_type)));
   } else {
     throw std::runtime_error(
         fmt::format("{}: unknown model_type \"{}\" (supported: mamba2, nemotron_h, qwen3_5, "
-                    "qwen3_5_text)",
+                    "qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text)",
                     path, printable(c.model_type)));
   }
   return c;

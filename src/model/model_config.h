@@ -2,9 +2,11 @@
 // supports (transformers 5.x modelling code is the definition followed):
 //   mamba2         Mamba2ForCausalLM             every block: RMSNorm -> Mamba-2 mixer
 //   nemotron_h     NemotronHForCausalLM          blocks by pattern: M Mamba-2, * attention, - MLP
-//                                                (E = MoE: refused, "not supported yet")
+//                                                E mixture of experts (sigmoid grouped routing, relu2)
 //   qwen3_5_text   Qwen3_5ForCausalLM            decoder layers: Gated DeltaNet or gated attention,
 //   (qwen3_5: its text_config)                   each followed by a SwiGLU MLP; (1+w) RMSNorms
+//   qwen3_5_moe_text Qwen3_5MoeForCausalLM       as qwen3_5, every MLP a mixture of experts (softmax
+//   (qwen3_5_moe: its text_config)               top-k, SwiGLU experts, sigmoid-gated shared expert)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,8 +27,8 @@ enum class Architecture { mamba2, nemotron_h, qwen3_5 };
 std::string to_string(Architecture a);
 
 // What mixes tokens (or not) in one block.
-enum class LayerKind { mamba2, gated_deltanet, attention, mlp };
-char pattern_char(LayerKind k);      // M, G, *, -
+enum class LayerKind { mamba2, gated_deltanet, attention, mlp, moe };
+char pattern_char(LayerKind k);      // M, G, *, -, E
 std::string to_string(LayerKind k);  // "mamba2", ...
 
 struct Mamba2Shape {
@@ -79,6 +81,41 @@ struct MlpShape {
   bool bias = false;
 };
 
+// How a mixture-of-experts layer picks its experts for one token (model/moe.h routes with it).
+// From the router logits l = x W^T (one per expert, float32):
+//   softmax (Qwen3.5-MoE):  s = softmax(l); choice score c = s
+//   sigmoid (DeepSeek-V3 style: Nemotron-H, Kimi Linear): s = sigmoid(l); c = s + e_score_correction_bias
+// Grouped selection: the experts are cut into n_group equal groups of consecutive experts; a group
+// scores the sum of its two best c; only the topk_group best groups compete (n_group = 1: all).
+// The top_k experts by c among them are chosen, weighted by s (not c); with normalise the weights
+// are divided by their sum (+ norm_epsilon), then multiplied by scaling.
+struct RouterSpec {
+  enum class Score { softmax, sigmoid };
+  Score score = Score::softmax;
+  int n_experts = 0, top_k = 0;
+  int n_group = 1, topk_group = 1;
+  bool correction_bias = false;  // gate.e_score_correction_bias is read and added to the choice score
+  bool normalise = true;
+  float norm_epsilon = 0.0f;  // transformers: 1e-20 in the sigmoid routers, none in Qwen3.5-MoE's
+  float scaling = 1.0f;       // routed_scaling_factor
+};
+
+enum class ExpertActivation { relu2, swiglu };  // down(relu(up x)^2) or down(silu(gate x) * up x)
+
+// A mixture-of-experts layer: routed experts, an optional shared expert and (Nemotron-H) an
+// optional latent projection of the experts' input and output.
+struct MoeShape {
+  RouterSpec router;
+  int expert_intermediate = 0;  // moe_intermediate_size
+  ExpertActivation activation = ExpertActivation::relu2;
+  int shared_intermediate = 0;  // 0: no shared expert
+  bool shared_gate = false;     // Qwen3.5-MoE: the shared expert is scaled by sigmoid(shared_expert_gate x)
+  bool shared_bias = false;     // Nemotron-H: mlp_bias
+  int latent_size = 0;          // Nemotron-H moe_latent_size (0: experts work on the hidden state)
+  bool latent_bias = false;
+  std::string shared_name = "shared_experts";  // tensor prefix of the shared expert
+};
+
 struct ModelConfig {
   std::string source;      // path of config.json
   std::string model_type;  // as written in the file
@@ -89,13 +126,15 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   std::vector<LayerKind> layers;  // one per block / decoder layer
   bool layer_has_mlp = false;     // qwen3_5: every decoder layer ends with an MLP sub-block
+  bool mlp_is_moe = false;        // qwen3_5_moe: that MLP sub-block is a mixture of experts (moe)
   Mamba2Shape mamba;
   GdnShape gdn;
   AttentionShape attention;
   MlpShape mlp;
+  MoeShape moe;  // 'E' layers (nemotron_h) or every MLP sub-block (qwen3_5_moe)
 
   // Reads MODEL_DIR/config.json. Throws std::runtime_error naming the file, the key and what was
-  // expected for a missing or ill-typed key, an unknown model_type, an unsupported layer (MoE), a
+  // expected for a missing or ill-typed key, an unknown model_type, an unsupported layer type, a
   // structural integer that is not positive or too large, head counts that do not divide, a width
   // beyond kMaxWidth, a float field that is NaN, infinite or out of its range, or layer lists that
   // disagree with the counts describing them.
@@ -105,6 +144,7 @@ struct ModelConfig {
   std::string pattern() const;  // one character per layer (pattern_char)
   int ssm_layer_count() const;
   int attention_layer_count() const;
+  int moe_layer_count() const;  // 'E' blocks plus MoE MLP sub-blocks
 };
 
 }  // namespace replayssm::model
