@@ -6,6 +6,13 @@ namespace replayssm::model {
 
 Mat WeightLoader::matrix(const std::string& name, int rows, int cols) {
   parameters_ += static_cast<std::size_t>(rows) * cols;
+  if (quantized_) {
+    if (quantized_->holds(name)) {
+      const std::vector<float> v = quantized_->dequantize(name, rows, cols, shapes_only_);
+      return shapes_only_ ? Mat() : Mat(Eigen::Map<const Mat>(v.data(), rows, cols));
+    }
+    quantized_->note_unquantized(name, rows, cols);
+  }
   if (shapes_only_) {
     store_.check(name, {rows, cols});
     return Mat();
