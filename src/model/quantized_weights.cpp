@@ -235,7 +235,7 @@ std::vector<float> QuantizedWeightReader::fp8_block(const std::string& name, int
                                                     bool shapes_only) {
   const TensorStore::Stored w = *store_.stored(name);
   const std::string& file = w.file->path();
-  const std::string scale_name = name + "_scale_inv";
+  const std::string scale_name = w.info->name + "_scale_inv";  // stored names, in lookups and messages
   if (w.info->dtype != "F8_E4M3")
     fail(fmt::format("{}: tensor '{}' has dtype {}, expected F8_E4M3 (FP8 E4M3 codes: {} declares block-scaled FP8, "
                      "and the weight has a '{}')",
@@ -319,9 +319,10 @@ std::vector<float> QuantizedWeightReader::nvfp4(const std::string& name, int64_t
     return *t;
   };
   const std::vector<std::vector<int64_t>> scalar = {{}, {1}};
+  const std::string stored = w.info->name;  // stored names, in lookups and messages
   const TensorStore::Stored s =
-      require(name + "_scale", {"F8_E4M3"}, {{rows, cols / g}}, fmt::format("the per-{} E4M3 block scales", g));
-  const TensorStore::Stored s2 = require(name + "_scale_2", {"F32"}, scalar, "the FP32 per-tensor scale");
+      require(stored + "_scale", {"F8_E4M3"}, {{rows, cols / g}}, fmt::format("the per-{} E4M3 block scales", g));
+  const TensorStore::Stored s2 = require(stored + "_scale_2", {"F32"}, scalar, "the FP32 per-tensor scale");
   const float global = scalar_f32(s2);
   if (!std::isfinite(global) || std::signbit(global))
     fail(fmt::format("{}: tensor '{}' holds {}, expected a finite, non-negative scale", s2.file->path(), s2.info->name,
@@ -335,8 +336,8 @@ std::vector<float> QuantizedWeightReader::nvfp4(const std::string& name, int64_t
                        s.file->path(), s.info->name, b / (cols / g), b % (cols / g), scale_codes[b],
                        formats::decode_element(ElementFormat::e4m3, scale_codes[b])));
   // The activation scale is checked and counted; the forward keeps activations in FP32.
-  const std::string input_scale = name.substr(0, name.size() - std::string("weight").size()) + "input_scale";
-  if (name.size() > 6 && name.compare(name.size() - 6, 6, "weight") == 0 && store_.contains(input_scale)) {
+  const std::string input_scale = stored.substr(0, stored.size() - std::string("weight").size()) + "input_scale";
+  if (stored.size() > 6 && stored.compare(stored.size() - 6, 6, "weight") == 0 && store_.contains(input_scale)) {
     const TensorStore::Stored a = require(input_scale, {"F32"}, scalar, "the FP32 static activation scale");
     const float v = scalar_f32(a);
     if (!std::isfinite(v) || !(v > 0.0f))
