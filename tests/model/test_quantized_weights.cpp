@@ -292,3 +292,22 @@ TEST_CASE("a quantized dtype in a checkpoint without a quantization config names
   check_error(load_error(dir), {"model.safetensors", std::string("tensor '") + kDown + "' has dtype F8_E4M3",
                                 "needs a quantization config"});
 }
+
+TEST_CASE("NVFP4 with an FP8 KV cache: k_scale / v_scale are recorded, not applied; a bad one is refused") {
+  TempDir tmp("qw_kv");
+  const std::string k = "model.layers.3.self_attn.k_proj.k_scale";
+  auto dir_with = [&](const RawTensor& scale) {
+    return quantized_golden(tmp, "nvfp4", [&](RawTensors& t, nlohmann::json& qc) {
+      qc["kv_cache_scheme"] = {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}};
+      t[k] = scale;
+    });
+  };
+  const fs::path good = dir_with(f32_tensor({}, {0.02f}));
+  CHECK(load_error(good) == "(no error)");
+  CHECK(contains(model::CausalLM::inspect(good.string()).describe(), "KV cache: FP8 1 k_scale/v_scale tensors recorded"));
+  check_error(load_error(dir_with(f32_tensor({2}, {1, 1}))),
+              {"model.safetensors", "tensor '" + k + "' has dtype F32 shape [2], expected F32 []"});
+  // Without the KV-cache entry in the config the scale is an unexpected tensor.
+  const fs::path no_kv = quantized_golden(tmp, "nvfp4", [&](RawTensors& t, nlohmann::json&) { t[k] = f32_tensor({}, {1}); });
+  check_error(load_error(no_kv), {"unexpected tensor", k});
+}
