@@ -47,7 +47,10 @@ CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
   m.config_ = ModelConfig::load(model_dir);
   const ModelConfig& c = m.config_;
   TensorStore store(model_dir);
-  WeightLoader w(store, shapes_only);
+  const WeightQuantization quantization = WeightQuantization::load(model_dir);
+  std::unique_ptr<QuantizedWeightReader> quantized;
+  if (quantization.format) quantized = std::make_unique<QuantizedWeightReader>(store, quantization);
+  WeightLoader w(store, shapes_only, quantized.get());
   const int d = c.hidden_size, vocab = c.vocab_size;
 
   std::string base, embed_name, final_norm_name, norm_name = "norm", mixer_name;
@@ -126,10 +129,16 @@ CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
   } else {
     m.lm_head_ = w.matrix("lm_head.weight", vocab, d);
   }
+  if (quantized) quantized->finish();
   store.check_all_used(fmt::format("{} ({})", to_string(c.arch), c.source));
   m.parameters_ = w.parameter_count();
   m.runnable_ = !shapes_only;
   m.non_finite_ = store.non_finite();
+  if (quantized) {
+    m.non_finite_.insert(m.non_finite_.end(), quantized->non_finite().begin(), quantized->non_finite().end());
+    m.dequantized_ = quantized->dequantized();
+    m.quantization_summary_ = quantized->describe();
+  }
   return m;
 }
 
@@ -197,6 +206,7 @@ std::string CausalLM::describe() const {
                               : std::string());
   }
   o << fmt::format("parameters     {}\n", parameters_);
+  o << quantization_summary_;
   o << memory_description();
   if (!non_finite_.empty()) {
     o << fmt::format("non-finite     {} {} NaN or Inf (loaded as stored):\n", non_finite_.size(),

@@ -29,6 +29,7 @@
 
 #include "model/layers.h"
 #include "model/model_config.h"
+#include "model/quantized_weights.h"
 #include "model/safetensors.h"
 #include "ssm/precision_policy.h"
 
@@ -92,8 +93,10 @@ class CausalLM {
   std::vector<LayerInfo> layers() const;
   // Tensors of the checkpoint that hold NaN or Inf values (empty for a clean checkpoint).
   const std::vector<NonFiniteTensor>& non_finite_weights() const { return non_finite_; }
-  // Human-readable summary (architecture, pattern, SSM head shapes, parameter count, and the
-  // tensors holding NaN or Inf, if any).
+  // Weight matrices that were stored quantized (FP8 block-scaled, NVFP4) and dequantized to FP32.
+  const std::vector<DequantizedWeight>& dequantized_weights() const { return dequantized_; }
+  // Human-readable summary (architecture, pattern, SSM head shapes, parameter count, the
+  // quantized weights and what they were dequantized to, and the tensors holding NaN or Inf, if any).
   std::string describe() const;
   // Memory the forward of one policy over `positions` tokens needs, in bytes: the float32 weights
   // (4 B x parameters, each tensor held once) plus the largest activation buffers alive at once
@@ -139,6 +142,8 @@ class CausalLM {
   Vec final_norm_;
   std::vector<Layer> layers_;
   std::vector<NonFiniteTensor> non_finite_;
+  std::vector<DequantizedWeight> dequantized_;
+  std::string quantization_summary_;  // `info` lines of a quantized checkpoint; empty otherwise
 };
 
 }  // namespace replayssm::model

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/model_config.h"
+#include "model/quantized_weights.h"
 #include "model/safetensors.h"
 #include "model/tensor_ops.h"
 #include "ssm/precision_policy.h"
@@ -18,10 +19,12 @@
 namespace replayssm::model {
 
 // Reads float32 weights with checked shapes; counts parameters. With `shapes_only` nothing is
-// read (the matrices stay empty) but presence and shapes are still validated.
+// read (the matrices stay empty) but presence and shapes are still validated. With a
+// QuantizedWeightReader (a quantized checkpoint), matrices stored quantized are dequantized.
 class WeightLoader {
  public:
-  WeightLoader(TensorStore& store, bool shapes_only) : store_(store), shapes_only_(shapes_only) {}
+  WeightLoader(TensorStore& store, bool shapes_only, QuantizedWeightReader* quantized = nullptr)
+      : store_(store), shapes_only_(shapes_only), quantized_(quantized) {}
   Mat matrix(const std::string& name, int rows, int cols);
   Vec vector(const std::string& name, int n);
   // torch Conv1d depthwise weight [channels, 1, k] -> channels x k.
@@ -37,6 +40,7 @@ class WeightLoader {
  private:
   TensorStore& store_;
   bool shapes_only_;
+  QuantizedWeightReader* quantized_;
   std::size_t parameters_ = 0;
 };
 

@@ -308,6 +308,24 @@ std::vector<int64_t> TensorStore::shape_of(const std::string& name) const {
   return e->info->shape;
 }
 
+std::optional<TensorStore::Stored> TensorStore::stored(const std::string& name) const {
+  const Entry* e = lookup(name);
+  if (!e) return std::nullopt;
+  return Stored{e->file, e->info};
+}
+
+void TensorStore::mark_used(const std::string& name) {
+  const Entry* e = lookup(name);
+  if (!e) throw std::logic_error(fmt::format("mark_used: missing tensor '{}'", name));
+  used_.insert(e->info->name);
+}
+
+std::vector<std::string> TensorStore::stored_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, _] : entries_) names.push_back(name);
+  return names;
+}
+
 void TensorStore::check(const std::string& name, const std::vector<int64_t>& expected_shape) {
   const Entry* e = lookup(name);
   if (!e)
@@ -317,8 +335,12 @@ void TensorStore::check(const std::string& name, const std::vector<int64_t>& exp
     throw std::runtime_error(fmt::format("{}: tensor '{}' has shape {}, expected {}", e->file->path(), e->info->name,
                                          shape_string(e->info->shape), shape_string(expected_shape)));
   if (e->info->dtype != "F32" && e->info->dtype != "BF16" && e->info->dtype != "F16")
-    throw std::runtime_error(fmt::format("{}: tensor '{}' has dtype {}, expected F32, BF16 or F16", e->file->path(),
-                                         e->info->name, e->info->dtype));
+    throw std::runtime_error(fmt::format(
+        "{}: tensor '{}' has dtype {}, expected F32, BF16 or F16{}", e->file->path(), e->info->name, e->info->dtype,
+        e->info->dtype == "F8_E4M3" || e->info->dtype == "U8"
+            ? " (a quantized weight needs a quantization config: config.json's quantization_config or "
+              "hf_quant_config.json, and is read only where the model expects a weight matrix)"
+            : ""));
   const bool first_check = used_.insert(e->info->name).second;
   if (const int64_t bad = first_check ? e->file->count_non_finite(*e->info) : 0)
     non_finite_.push_back(NonFiniteTensor{e->info->name, e->file->path(), bad, e->info->element_count()});

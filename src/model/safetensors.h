@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -94,6 +95,16 @@ class TensorStore {
   const std::vector<NonFiniteTensor>& non_finite() const { return non_finite_; }
   // Shape without reading the data (for validation and `info`); throws when missing.
   std::vector<int64_t> shape_of(const std::string& name) const;
+  // The stored tensor (file and header entry) without any dtype check, or nullptr when missing:
+  // for readers of quantized dtypes (model/quantized_weights.h), which then call mark_used.
+  struct Stored {
+    const SafetensorsFile* file;
+    const TensorInfo* info;
+  };
+  std::optional<Stored> stored(const std::string& name) const;
+  void mark_used(const std::string& name);
+  // Names of all stored tensors, as stored.
+  std::vector<std::string> stored_names() const;
   // Throws std::runtime_error listing unused tensors (up to a few), each with its file.
   void check_all_used(const std::string& what) const;
 
