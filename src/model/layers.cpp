@@ -34,6 +34,18 @@ Mat WeightLoader::conv_weight(const std::string& name, int channels, int k) {
   return Eigen::Map<const Mat>(t.data.data(), channels, k);
 }
 
+Vec WeightLoader::flat(const std::string& name, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  parameters_ += static_cast<std::size_t>(n);
+  if (shapes_only_) {
+    store_.check(name, shape);
+    return Vec();
+  }
+  const Tensor t = store_.take(name, shape);
+  return Eigen::Map<const Vec>(t.data.data(), static_cast<Eigen::Index>(n));
+}
+
 Linear WeightLoader::linear(const std::string& prefix, int out, int in, bool bias) {
   Linear l;
   l.weight = matrix(prefix + ".weight", out, in);

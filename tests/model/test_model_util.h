@@ -20,7 +20,8 @@
 namespace replayssm::test {
 
 inline const std::vector<std::string>& golden_models() {
-  static const std::vector<std::string> names = {"mamba2_tiny", "nemotron_h_tiny", "qwen3_5_tiny"};
+  static const std::vector<std::string> names = {"mamba2_tiny", "nemotron_h_tiny", "qwen3_5_tiny",
+                                                  "kimi_linear_tiny"};
   return names;
 }
 inline std::string golden_dir(const std::string& name) { return source_path("data/models/" + name); }
