@@ -617,10 +617,12 @@ std::string ModelConfig::pattern() const {
   return p;
 }
 
+bool is_ssm_layer(LayerKind k) {
+  return k == LayerKind::mamba2 || k == LayerKind::gated_deltanet || k == LayerKind::kda;
+}
+
 int ModelConfig::ssm_layer_count() const {
-  return static_cast<int>(std::count_if(layers.begin(), layers.end(), [](LayerKind k) {
-    return k == LayerKind::mamba2 || k == LayerKind::gated_deltanet || k == LayerKind::kda;
-  }));
+  return static_cast<int>(std::count_if(layers.begin(), layers.end(), is_ssm_layer));
 }
 int ModelConfig::attention_layer_count() const {
   return static_cast<int>(std::count(layers.begin(), layers.end(), LayerKind::attention));

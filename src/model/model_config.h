@@ -31,6 +31,7 @@ std::string to_string(Architecture a);
 enum class LayerKind { mamba2, gated_deltanet, attention, mlp, kda, mla };
 char pattern_char(LayerKind k);      // M, G, *, -, K, * (MLA is the attention of its architecture)
 std::string to_string(LayerKind k);  // "mamba2", ...
+bool is_ssm_layer(LayerKind k);      // a recurrence whose state a PrecisionPolicy stores (M, G, K)
 
 struct Mamba2Shape {
   int num_heads = 0, head_dim = 0;   // value heads and dv

@@ -157,6 +157,7 @@ TEST_CASE("kimi_linear config: KDA and latent-attention fields are validated") {
   for (const char* eps : {"NaN", "Infinity"})
     check_rejected(set("rms_norm_eps", eps), "config key \"rms_norm_eps\" is");
   check_rejected(set("rms_norm_eps", 0.0), "config key \"rms_norm_eps\" is 0, expected a finite number in");
+  check_rejected(set("linear_attn_config", {1, 2}), "config key \"linear_attn_config\" is [1,2], expected an object");
   check_rejected(set("hidden_act", "gelu"), "hidden_act \"gelu\" is not supported (expected \"silu\")");
 }
 
@@ -210,6 +211,11 @@ TEST_CASE("kimi_linear weights: transformers' in-memory spelling loads to the sa
 
 TEST_CASE("kimi_linear weights: missing or misshapen KDA tensors are named") {
   TempDir tmp;
+  copy_model(kGolden, tmp.path());
+  // A q LoRA config over a plain q_proj checkpoint: the first LoRA tensor is missing.
+  edit_config(tmp.path(), set("q_lora_rank", 8));
+  CHECK(contains(load_error(tmp.path()), "missing tensor 'model.layers.1.self_attn.q_a_proj.weight' (expected shape "
+                                         "[8, 32])"));
   copy_model(kGolden, tmp.path());
   const fs::path st = tmp.path() / "model.safetensors";
   const RawTensors orig = read_safetensors_raw(st);
