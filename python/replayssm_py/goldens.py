@@ -50,6 +50,11 @@ attention, chunked SSM scans). All models are FP32 with dk = 128, so that every 
 The MoE goldens record in golden.json how many (token, slot) choices each expert of each MoE layer
 received in the reference forward (``routing``); the generator refuses a model where an expert of
 some layer receives none, so the goldens exercise every expert.
+* ``kimi_linear_tiny`` KimiLinearForCausalLM, layers KDA, MLA, dense SwiGLU MLPs: one KDA head of
+                     dk = dv = 128 with channel decays from slow to fast, multi-head latent attention
+                     (2 heads, kv_lora_rank 16, nope/rope/v head dims 16/8/16); untied LM head. Its
+                     weights are bfloat16-representable and stored as BF16 (lossless) to stay under
+                     0.6 MB; the reference forward runs in float32 like the others.
 """
 import json
 import math
@@ -390,14 +395,24 @@ def write_format_goldens(path=FORMAT_GOLDENS):
 MODEL_SEED = 20261130
 N_TOKENS = 320
 MODEL_FORMAT_VERSION = 1
-MODEL_NAMES = ("mamba2_tiny", "nemotron_h_tiny", "qwen3_5_tiny", "nemotron_h_moe_tiny", "qwen3_5_moe_tiny")
+MODEL_NAMES = ("mamba2_tiny", "nemotron_h_tiny", "qwen3_5_tiny", "nemotron_h_moe_tiny", "qwen3_5_moe_tiny",
+               "kimi_linear_tiny")
+# Models whose checkpoint is written in bfloat16 (their weights are rounded to it first, so the file
+# holds exactly the float32 values the reference forward used).
+BF16_CHECKPOINTS = ("kimi_linear_tiny",)
 MODELS_DIR = ROOT / "data" / "models"
 
 
+# The seed of each model, fixed by its name, so that regenerating some models (--only) makes the same
+# ones as regenerating all. (The MoE and Kimi goldens were made in parallel and both took offset 3.)
+MODEL_SEEDS = {"mamba2_tiny": MODEL_SEED, "nemotron_h_tiny": MODEL_SEED + 1, "qwen3_5_tiny": MODEL_SEED + 2,
+               "nemotron_h_moe_tiny": MODEL_SEED + 3, "qwen3_5_moe_tiny": MODEL_SEED + 4,
+               "kimi_linear_tiny": MODEL_SEED + 3}
+
+
 def model_seed(name):
-    """The seed of one model: fixed by its name, so regenerating some models (--only) makes the same
-    ones as regenerating all."""
-    return MODEL_SEED + MODEL_NAMES.index(name)
+    """The seed of one model (MODEL_SEEDS)."""
+    return MODEL_SEEDS[name]
 
 
 def randomise(model, torch, gen, kind):
@@ -406,7 +421,15 @@ def randomise(model, torch, gen, kind):
         for name, p in model.named_parameters():
             shape = tuple(p.shape)
             leaf = name.rsplit(".", 1)[-1]
-            if name.endswith("A_log"):
+            if kind == "kimi_linear" and name.endswith("A_log"):
+                # KDA: alpha = exp(-A softplus(f(x) + dt_bias)) per channel; A in [0.5, 2] per head
+                a = torch.exp(torch.empty(shape).uniform_(math.log(0.5), math.log(2.0), generator=gen))
+                p.copy_(torch.log(a))
+            elif kind == "kimi_linear" and name.endswith("dt_bias"):
+                # channel time steps from 1e-4 (alpha ~ 1 - 1e-4, slow) to 3 (alpha ~ 1e-3, fast)
+                dt = torch.exp(torch.empty(shape).uniform_(math.log(1e-4), math.log(3.0), generator=gen))
+                p.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+            elif name.endswith("A_log"):
                 # decays from very slow to fast: A in [0.05, 8] (Mamba-2: alpha = exp(-A dt))
                 a = torch.exp(torch.empty(shape).uniform_(math.log(0.05), math.log(8.0), generator=gen))
                 p.copy_(torch.log(a))
@@ -491,6 +514,16 @@ def build(name, transformers, torch):
             rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=4096,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
         return transformers.Qwen3_5MoeForCausalLM(cfg), "qwen3_5"
+    if name == "kimi_linear_tiny":
+        cfg = transformers.KimiLinearConfig(
+            vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "dense"],
+            linear_num_heads=1, linear_head_dim=128, linear_conv_kernel_dim=4,
+            num_attention_heads=2, num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=16,
+            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, attention_bias=False,
+            hidden_act="silu", rms_norm_eps=1e-5, tie_word_embeddings=False,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        return transformers.KimiLinearForCausalLM(cfg), "kimi_linear"
     raise ValueError(name)
 
 
@@ -512,6 +545,21 @@ def routing_counts(model, torch, input_ids):
     return counts
 
 
+def kda_decay_spread(model, torch, input_ids):
+    """Per-channel mean decay exp(g) of every KDA layer's forget gate over the golden tokens (the
+    decays must span slow and fast channels for the state formats to matter)."""
+    seen = []
+    hooks = [m.register_forward_hook(lambda _m, _i, g: seen.append(g.exp().mean(dim=(0, 1)).flatten()))
+             for n, m in model.named_modules() if n.endswith("forget_gate")]
+    model(input_ids=input_ids, use_cache=False)
+    for h in hooks:
+        h.remove()
+    means = torch.cat(seen)
+    return {"min_channel_mean_decay": float(means.min()), "max_channel_mean_decay": float(means.max()),
+            "channels_below_0.5": int((means < 0.5).sum()), "channels_above_0.999": int((means > 0.999).sum()),
+            "channels": int(means.numel())}
+
+
 def write_model_goldens(out_root=MODELS_DIR, names=MODEL_NAMES, log=print):
     """Builds, randomises and saves each model with its tokens, log-probabilities and golden.json
     (a model folder is replaced whole). Needs torch and transformers."""
@@ -530,6 +578,9 @@ def write_model_goldens(out_root=MODELS_DIR, names=MODEL_NAMES, log=print):
         model, kind = build(name, transformers, torch)
         model = model.to(torch.float32).eval()
         randomise(model, torch, gen, kind)
+        if name in BF16_CHECKPOINTS:
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
         if getattr(model.config, "tie_word_embeddings", False):
             model.tie_weights()
         model.config._attn_implementation = "eager"
@@ -549,7 +600,18 @@ def write_model_goldens(out_root=MODELS_DIR, names=MODEL_NAMES, log=print):
         if d.exists():
             shutil.rmtree(d)
         d.mkdir(parents=True)
-        model.save_pretrained(d)
+        extra = {}
+        if kind == "kimi_linear":
+            extra["kda_decay"] = kda_decay_spread(model, torch, torch.from_numpy(tokens)[None])
+            spread = extra["kda_decay"]
+            assert spread["min_channel_mean_decay"] < 0.5 and spread["max_channel_mean_decay"] > 0.999, spread
+            extra["mlp_layers"] = "all dense (MoE layers are not supported yet)"
+        if name in BF16_CHECKPOINTS:
+            model.to(torch.bfloat16).save_pretrained(d)
+            extra["checkpoint_dtype"] = ("bfloat16: the weights are bfloat16-representable, stored losslessly; "
+                                         "the reference forward ran in float32")
+        else:
+            model.save_pretrained(d)
         (d / "generation_config.json").unlink(missing_ok=True)
         np.save(d / "tokens.npy", tokens)
         np.save(d / "logprobs.npy", logprobs)
@@ -574,6 +636,7 @@ def write_model_goldens(out_root=MODELS_DIR, names=MODEL_NAMES, log=print):
                                     "every expert receives some", "counts": routing}} if routing else {}),
             "reference": "transformers slow torch path on CPU, float32, eager attention; "
                          "log_softmax in float64 of the float32 logits",
+            **extra,
         }
         (d / "golden.json").write_text(json.dumps(meta, indent=2) + "\n")
         size = sum(f.stat().st_size for f in d.iterdir())

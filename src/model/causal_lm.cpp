@@ -76,13 +76,32 @@ CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
       embed_name = "model.embed_tokens.weight";
       final_norm_name = "model.norm.weight";
       break;
+    case Architecture::kimi_linear:
+      base = "model.";
+      embed_name = "model.embed_tokens.weight";
+      final_norm_name = "model.norm.weight";
+      break;
   }
   m.embed_ = w.matrix(embed_name, vocab, d);
   for (int i = 0; i < static_cast<int>(c.layers.size()); ++i) {
     const std::string p = fmt::format("{}layers.{}.", base, i);
     Layer L;
     L.kind = c.layers[i];
-    if (c.arch == Architecture::qwen3_5) {
+    if (c.arch == Architecture::kimi_linear) {
+      L.norm = w.vector(p + "input_layernorm.weight", d);
+      if (L.kind == LayerKind::kda)
+        L.mixer = std::make_unique<KdaMixer>(w, p + "self_attn", c.kda, d);
+      else
+        L.mixer = std::make_unique<MlaAttention>(w, p + "self_attn", c.mla, d);
+      L.mlp_norm = w.vector(p + "post_attention_layernorm.weight", d);
+      // The published layout names every MLP block_sparse_moe (transformers renames it mlp).
+      const std::string published = p + "block_sparse_moe", in_memory = p + "mlp";
+      const bool both = w.contains(published + ".down_proj.weight") && w.contains(in_memory + ".down_proj.weight");
+      if (both)
+        throw std::runtime_error(fmt::format("{}: layer {} has both '{}.*' and '{}.*' tensors: expected one MLP",
+                                             store.files_description(), i, published, in_memory));
+      L.mlp = std::make_unique<Mlp>(w, w.contains(in_memory + ".down_proj.weight") ? in_memory : published, c.mlp, d);
+    } else if (c.arch == Architecture::qwen3_5) {
       L.norm = w.vector(p + "input_layernorm.weight", d);
       if (L.kind == LayerKind::gated_deltanet)
         L.mixer = std::make_unique<GatedDeltaNet>(w, p + "linear_attn", c.gdn, d);
@@ -109,7 +128,9 @@ CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
           L.mixer = std::make_unique<MixtureOfExperts>(w, p + "mixer", c.moe, d);
           break;
         case LayerKind::gated_deltanet:
-          throw std::logic_error("gated_deltanet outside qwen3_5");
+        case LayerKind::kda:
+        case LayerKind::mla:
+          throw std::logic_error(to_string(L.kind) + " layer in a Mamba-2 / Nemotron-H model");
       }
     }
     m.layers_.push_back(std::move(L));
@@ -157,7 +178,8 @@ std::string CausalLM::describe() const {
   o << fmt::format("hidden size    {}\nvocabulary     {}\n", c.hidden_size, c.vocab_size);
   o << fmt::format("LM head        {}\n",
                    c.tie_word_embeddings ? "tied to the embeddings" : "separate (lm_head.weight)");
-  o << fmt::format("layers         {}: {}   (M Mamba-2, G Gated DeltaNet, * attention, - MLP, E MoE{})\n",
+  o << fmt::format("layers         {}: {}   (M Mamba-2, G Gated DeltaNet, K Kimi Delta Attention, * attention, - "
+                   "MLP, E MoE{})\n",
                    c.layers.size(), c.pattern(),
                    !c.layer_has_mlp ? ""
                    : c.mlp_is_moe   ? "; every layer also has a mixture-of-experts MLP"
@@ -175,6 +197,21 @@ std::string CausalLM::describe() const {
     const auto& s = c.gdn;
     o << fmt::format("Gated DeltaNet {} layers: key heads {}, value heads {}, dk {}, dv {}, conv kernel {}\n", n_g,
                      s.num_k_heads, s.num_v_heads, s.dk, s.dv, s.conv_kernel);
+  }
+  const int n_kda = static_cast<int>(std::count(c.layers.begin(), c.layers.end(), LayerKind::kda));
+  if (n_kda) {
+    const auto& s = c.kda;
+    o << fmt::format("KDA            {} layers: heads {} (each its own key head), dk = dv = {}, conv kernel {}, "
+                     "channel-wise decay\n",
+                     n_kda, s.num_heads, s.head_dim, s.conv_kernel);
+  }
+  const int n_mla = static_cast<int>(std::count(c.layers.begin(), c.layers.end(), LayerKind::mla));
+  if (n_mla) {
+    const auto& a = c.mla;
+    o << fmt::format("attention      {} layers: multi-head latent attention, heads {}, q_lora_rank {}, kv_lora_rank {}, "
+                     "qk nope/rope head dims {}/{} (no positional encoding), v_head_dim {}\n",
+                     n_mla, a.num_heads, a.q_lora_rank ? fmt::format("{}", a.q_lora_rank) : std::string("none"),
+                     a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim);
   }
   if (c.attention_layer_count()) {
     const auto& a = c.attention;

@@ -66,6 +66,11 @@ std::vector<float> WeightLoader::values(const std::string& name, const std::vect
   return store_.take(name, shape).data;
 }
 
+Vec WeightLoader::flat(const std::string& name, const std::vector<int64_t>& shape) {
+  const std::vector<float> v = values(name, shape);
+  return Eigen::Map<const Vec>(v.data(), static_cast<Eigen::Index>(v.size()));
+}
+
 Linear WeightLoader::linear(const std::string& prefix, int out, int in, bool bias) {
   Linear l;
   l.weight = matrix(prefix + ".weight", out, in);

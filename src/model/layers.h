@@ -1,7 +1,7 @@
 // The blocks of the supported architectures, each a token mixer (or MLP) that maps normalised
 // hidden states x (N positions x hidden) to the block's output (N x hidden), to be added to the
 // residual stream by the caller. Weights are loaded by name from a TensorStore; the SSM
-// recurrence of Mamba-2 and Gated DeltaNet runs through ssm::emulate_sequence under the layer's
+// recurrence of Mamba-2, Gated DeltaNet and KDA runs through ssm::emulate_sequence under the layer's
 // PrecisionPolicy, one call per key-head group (the group's value heads together, so stochastic
 // rounding streams do not depend on the thread count).
 #pragma once
@@ -29,12 +29,15 @@ class WeightLoader {
   Vec vector(const std::string& name, int n);
   // torch Conv1d depthwise weight [channels, 1, k] -> channels x k.
   Mat conv_weight(const std::string& name, int channels, int k);
+  // A tensor of any shape (e.g. [1, 1, heads, 1]), its values in storage order.
+  Vec flat(const std::string& name, const std::vector<int64_t>& shape);
   Linear linear(const std::string& prefix, int out, int in, bool bias);
   // The tensor's float32 values as read (row-major, `shape` checked), handed over without a copy:
   // for tensors held as they are (expert weights, see model/moe.h). Empty with shapes_only.
   std::vector<float> values(const std::string& name, const std::vector<int64_t>& shape);
   bool shapes_only() const { return shapes_only_; }
   bool contains(const std::string& name) const { return store_.contains(name); }
+  std::string files_description() const { return store_.files_description(); }  // for messages
   std::size_t parameter_count() const { return parameters_; }
 
  private:
@@ -114,6 +117,43 @@ class Mlp final : public Block {
   MlpShape s_;
   Linear gate_, up_, down_;
 };
+
+// Kimi Delta Attention (transformers KimiLinearDeltaAttention, torch path): q/k/v projections,
+// one causal depthwise conv + SiLU over [q | k | v] (no bias); q, k L2-normalised per head
+// (x / sqrt(sum x^2 + 1e-6)), q scaled by dk^-1/2; channel-wise decay
+// alpha = exp(-exp(A_log[h]) softplus(f_b(f_a x) + dt_bias)), beta = sigmoid(b_proj x);
+// per-head gated RMSNorm(o) * w * sigmoid(g_b(g_a x)) -> o_proj. Each head is its own key head.
+// Checkpoint spellings: the published layout (q/k/v_conv1d, f_a_proj, dt_bias, A_log directly
+// under the layer) or transformers' in-memory one (conv1d, forget_gate.*).
+class KdaMixer final : public Block {
+ public:
+  KdaMixer(WeightLoader& w, const std::string& prefix, const KdaShape& s, int hidden);
+  void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
+
+ private:
+  KdaShape s_;
+  Linear q_, k_, v_, f_a_, f_b_, b_, g_a_, g_b_, o_;
+  Mat conv_w_;  // [q | k | v] channels x kernel
+  Vec dt_bias_, a_log_, norm_w_;
+};
+
+// Multi-head latent attention of Kimi Linear (transformers KimiLinearAttention, eager): see
+// MlaShape. Scores scaled by qk_head_dim^-1/2, causal softmax computed blockwise (O(N d) memory).
+class MlaAttention final : public Block {
+ public:
+  MlaAttention(WeightLoader& w, const std::string& prefix, const MlaShape& s, int hidden);
+  void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
+
+ private:
+  MlaShape s_;
+  Linear q_, q_a_, q_b_, kv_a_, kv_b_, o_;
+  Vec q_a_norm_, kv_a_norm_;
+};
+
+// Blocked causal attention with query/key head width dqk and value head width dv (one key/value
+// head per query head): q, k are N x (H dqk), v is N x (H dv); returns N x (H dv).
+Mat causal_attention_qk_v(const Mat& q, const Mat& k, const Mat& v, int num_heads, int dqk, int dv, float scale,
+                          int threads, int block = 64);
 
 // Blocked causal attention core, exposed for tests: q is N x (H hd), k and v are N x (Hkv hd);
 // returns N x (H hd). Query head h reads key/value head h / (H / Hkv).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -494,6 +495,168 @@ void load_qwen3_5_text(ModelConfig& c, const JsonObject& j, const JsonObject* ou
   a.rope_theta = theta;
 }
 
+
+// ---- Kimi Linear ----
+
+// A list of layer numbers (linear_attn_config's 1-based full_attn_layers / kda_layers).
+std::vector<int64_t> layer_numbers(const JsonObject& j, const std::string& key) {
+  const nlohmann::json& v = j.json()[key];
+  if (!v.is_array()) fail(j, fmt::format("config key \"{}\" must be a list of layer numbers", key));
+  std::vector<int64_t> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_number_integer())
+      fail(j, fmt::format("config key \"{}\"[{}] is {}, expected an integer layer number", key, i, v[i].dump()));
+    out.push_back(v[i].get<int64_t>());
+  }
+  return out;
+}
+
+// Layer types from linear_attn_config (1-based numbers, transformers' checkpoint convention): every
+// layer must be named exactly once, in one of the two lists.
+std::vector<std::string> types_from_linear_attn_config(const JsonObject& lac, int n_layers) {
+  std::vector<std::string> types(n_layers);
+  for (const auto& [key, type] : {std::pair<const char*, const char*>{"full_attn_layers", "full_attention"},
+                                  {"kda_layers", "linear_attention"}}) {
+    for (int64_t l : layer_numbers(lac, key)) {
+      if (l < 1 || l > n_layers)
+        fail(lac, fmt::format("config key \"{}\" names layer {}, expected a layer number in [1, {}] "
+                              "(1-based, num_hidden_layers = {})",
+                              key, l, n_layers, n_layers));
+      if (!types[l - 1].empty())
+        fail(lac, fmt::format("config key \"{}\" names layer {} again, expected each layer in exactly one of "
+                              "full_attn_layers and kda_layers once",
+                              key, l));
+      types[l - 1] = type;
+    }
+  }
+  for (int i = 0; i < n_layers; ++i)
+    if (types[i].empty())
+      fail(lac, fmt::format("layer {} (1-based) is in neither full_attn_layers nor kda_layers, expected each of the "
+                            "{} layers in exactly one",
+                            i + 1, n_layers));
+  return types;
+}
+
+// A KDA field written at the top level (transformers' spelling) and/or in linear_attn_config (the
+// checkpoints' spelling, which transformers reads first): two different values are a contradiction.
+int kda_field(const JsonObject& j, const JsonObject* lac, const std::string& key, const std::string& lac_key,
+              int dflt) {
+  const bool top = j.has(key), inner = lac && lac->has(lac_key);
+  if (top && inner && positive(j, key) != positive(*lac, lac_key))
+    fail(j, fmt::format("config key \"{}\" is {}, but linear_attn_config.{} is {} (expected one value)", key,
+                        positive(j, key), lac_key, positive(*lac, lac_key)));
+  return inner ? positive(*lac, lac_key) : positive(j, key, dflt);
+}
+
+void load_kimi_linear(ModelConfig& c, const JsonObject& j) {
+  c.vocab_size = positive(j, "vocab_size");
+  c.hidden_size = positive(j, "hidden_size");
+  const int n_layers = layer_count(j, "num_hidden_layers");
+  c.norm_eps = epsilon(j, "rms_norm_eps", 1e-5);
+  c.tie_word_embeddings = j.get_bool("tie_word_embeddings", false);
+  c.layer_has_mlp = true;
+  const std::string act = j.get_string("hidden_act", "silu");  // the short convolutions and the MLPs
+  if (act != "silu" && act != "swish")
+    fail(j, fmt::format("hidden_act \"{}\" is not supported (expected \"silu\")", printable(act)));
+  std::optional<JsonObject> lac;
+  if (j.has("linear_attn_config")) lac = j.get_object("linear_attn_config");
+
+  // Token mixers: layer_types, else linear_attn_config's lists, else transformers' default (every
+  // fourth layer after the first is full attention).
+  std::vector<std::string> types;
+  std::string types_key = "layer_types";
+  if (j.has("layer_types")) {
+    types = j.get_string_list("layer_types");
+    if (static_cast<int>(types.size()) != n_layers)
+      fail(j, fmt::format("layer_types has {} entries, expected num_hidden_layers = {}", types.size(), n_layers));
+    // transformers reads layer_types first; linear_attn_config's lists beside it must agree.
+    if (lac && lac->has("full_attn_layers") && lac->has("kda_layers") &&
+        types_from_linear_attn_config(*lac, n_layers) != types)
+      fail(j, "config keys \"layer_types\" and linear_attn_config's full_attn_layers/kda_layers describe different "
+              "layers (expected one of the two, or the same layers)");
+  } else if (lac && lac->has("full_attn_layers") && lac->has("kda_layers")) {
+    types = types_from_linear_attn_config(*lac, n_layers);
+    types_key = "linear_attn_config";
+  } else {
+    for (int i = 0; i < n_layers; ++i) types.push_back(i && i % 4 == 0 ? "full_attention" : "linear_attention");
+  }
+  for (std::size_t i = 0; i < types.size(); ++i) {
+    if (types[i] == "linear_attention")
+      c.layers.push_back(LayerKind::kda);
+    else if (types[i] == "full_attention")
+      c.layers.push_back(LayerKind::mla);
+    else
+      fail(j, fmt::format("{}[{}] is \"{}\", expected \"linear_attention\" or \"full_attention\"", types_key, i,
+                          printable(types[i])));
+  }
+
+  // MLP of each decoder layer: mlp_layer_types, else "dense" below first_k_dense_replace (default 1).
+  std::vector<std::string> mlp_types, from_first_k;
+  const int64_t first_dense = j.get_int("first_k_dense_replace", 1);
+  if (first_dense < 0) fail(j, fmt::format("config key \"first_k_dense_replace\" is {}, expected >= 0", first_dense));
+  for (int i = 0; i < n_layers; ++i) from_first_k.push_back(i < first_dense ? "dense" : "sparse");
+  std::string mlp_key = "mlp_layer_types";
+  if (j.has("mlp_layer_types")) {
+    mlp_types = j.get_string_list("mlp_layer_types");
+    if (static_cast<int>(mlp_types.size()) != n_layers)
+      fail(j, fmt::format("mlp_layer_types has {} entries, expected num_hidden_layers = {}", mlp_types.size(),
+                          n_layers));
+    for (std::size_t i = 0; i < mlp_types.size(); ++i)
+      if (mlp_types[i] != "dense" && mlp_types[i] != "sparse")
+        fail(j, fmt::format("mlp_layer_types[{}] is \"{}\", expected \"dense\" or \"sparse\"", i,
+                            printable(mlp_types[i])));
+    if (j.has("first_k_dense_replace") && mlp_types != from_first_k)
+      fail(j, fmt::format("config key \"first_k_dense_replace\" is {}, which disagrees with mlp_layer_types (expected "
+                          "one of the two, or the same layers)",
+                          first_dense));
+  } else {
+    mlp_key = "first_k_dense_replace";
+    mlp_types = from_first_k;
+  }
+  // The MoE block plugs in here: read its shape and keep the sparse layers' indices instead.
+  for (std::size_t i = 0; i < mlp_types.size(); ++i)
+    if (mlp_types[i] == "sparse")
+      fail(j, fmt::format("Kimi Linear MoE layers: not supported yet (dense layers only): layer {} is \"sparse\" by "
+                          "config key \"{}\" (expected \"dense\" for every layer)",
+                          i, mlp_key));
+  c.mlp.intermediate_size = positive(j, "intermediate_size");
+  c.mlp.activation = MlpActivation::swiglu;
+  c.mlp.bias = false;
+
+  if (std::count(c.layers.begin(), c.layers.end(), LayerKind::kda) > 0) {
+    auto& k = c.kda;
+    const JsonObject* l = lac ? &*lac : nullptr;
+    k.num_heads = kda_field(j, l, "linear_num_heads", "num_heads", 32);
+    k.head_dim = kda_field(j, l, "linear_head_dim", "head_dim", 128);
+    k.conv_kernel = kda_field(j, l, "linear_conv_kernel_dim", "short_conv_kernel_size", 4);
+    k.norm_eps = c.norm_eps;
+    const int64_t qkv = int64_t{k.num_heads} * k.head_dim;
+    check_width(j, "linear_num_heads * linear_head_dim", qkv);
+    check_width(j, "KDA conv width 3 * linear_num_heads * linear_head_dim", 3 * qkv);
+  }
+  if (std::count(c.layers.begin(), c.layers.end(), LayerKind::mla) > 0) {
+    auto& a = c.mla;
+    a.num_heads = positive(j, "num_attention_heads");
+    // transformers expands kv_b_proj to every query head, then repeats it H / num_key_value_heads
+    // times: only num_key_value_heads = num_attention_heads gives matching shapes.
+    if (j.has("num_key_value_heads") && j.get_int("num_key_value_heads") != a.num_heads)
+      fail(j, fmt::format("config key \"num_key_value_heads\" is {}, expected num_attention_heads = {} (Kimi "
+                          "Linear's latent attention has one key/value head per query head)",
+                          j.get_int("num_key_value_heads"), a.num_heads));
+    a.q_lora_rank = j.has("q_lora_rank") ? positive(j, "q_lora_rank") : 0;
+    a.kv_lora_rank = positive(j, "kv_lora_rank");
+    a.qk_nope_head_dim = positive(j, "qk_nope_head_dim");
+    a.qk_rope_head_dim = positive(j, "qk_rope_head_dim");
+    a.v_head_dim = positive(j, "v_head_dim");
+    a.bias = j.get_bool("attention_bias", false);
+    const int64_t qk = int64_t{a.qk_nope_head_dim} + a.qk_rope_head_dim;
+    check_width(j, "qk_nope_head_dim + qk_rope_head_dim", qk);
+    check_width(j, "num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)", a.num_heads * qk);
+    check_width(j, "kv_lora_rank + qk_rope_head_dim", int64_t{a.kv_lora_rank} + a.qk_rope_head_dim);
+    check_width(j, "num_attention_heads * (qk_nope_head_dim + v_head_dim)",
+                int64_t{a.num_heads} * (int64_t{a.qk_nope_head_dim} + a.v_head_dim));
+  }
+}
 }  // namespace
 
 std::string to_string(Architecture a) {
@@ -504,6 +667,8 @@ std::string to_string(Architecture a) {
       return "nemotron_h";
     case Architecture::qwen3_5:
       return "qwen3_5";
+    case Architecture::kimi_linear:
+      return "kimi_linear";
   }
   return "?";
 }
@@ -520,6 +685,10 @@ char pattern_char(LayerKind k) {
       return '-';
     case LayerKind::moe:
       return 'E';
+    case LayerKind::kda:
+      return 'K';
+    case LayerKind::mla:
+      return '*';
   }
   return '?';
 }
@@ -536,6 +705,10 @@ std::string to_string(LayerKind k) {
       return "mlp";
     case LayerKind::moe:
       return "moe";
+    case LayerKind::kda:
+      return "kda";
+    case LayerKind::mla:
+      return "mla_attention";
   }
   return "?";
 }
@@ -546,10 +719,12 @@ std::string ModelConfig::pattern() const {
   return p;
 }
 
+bool is_ssm_layer(LayerKind k) {
+  return k == LayerKind::mamba2 || k == LayerKind::gated_deltanet || k == LayerKind::kda;
+}
+
 int ModelConfig::ssm_layer_count() const {
-  return static_cast<int>(std::count_if(layers.begin(), layers.end(), [](LayerKind k) {
-    return k == LayerKind::mamba2 || k == LayerKind::gated_deltanet;
-  }));
+  return static_cast<int>(std::count_if(layers.begin(), layers.end(), is_ssm_layer));
 }
 int ModelConfig::attention_layer_count() const {
   return static_cast<int>(std::count(layers.begin(), layers.end(), LayerKind::attention));
@@ -598,15 +773,18 @@ ModelConfig ModelConfig::from_json_file(const std::string& path) {
     c.mlp_is_moe = true;
     const JsonObject t = j.get_object("text_config");
     load_qwen3_5_text(c, t, &j);
+  } else if (c.model_type == "kimi_linear") {
+    c.arch = Architecture::kimi_linear;
+    load_kimi_linear(c, j);
   } else if (c.model_type == "qwen3_next") {
     throw std::runtime_error(
         fmt::format("{}: model_type \"{}\" is not supported (supported: mamba2, nemotron_h, qwen3_5, qwen3_5_text, "
-                    "qwen3_5_moe, qwen3_5_moe_text)",
+                    "qwen3_5_moe, qwen3_5_moe_text, kimi_linear)",
                     path, printable(c.model_type)));
   } else {
     throw std::runtime_error(
         fmt::format("{}: unknown model_type \"{}\" (supported: mamba2, nemotron_h, qwen3_5, "
-                    "qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text)",
+                    "qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, kimi_linear)",
                     path, printable(c.model_type)));
   }
   return c;

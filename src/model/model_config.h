@@ -7,6 +7,9 @@
 //   (qwen3_5: its text_config)                   each followed by a SwiGLU MLP; (1+w) RMSNorms
 //   qwen3_5_moe_text Qwen3_5MoeForCausalLM       as qwen3_5, every MLP a mixture of experts (softmax
 //   (qwen3_5_moe: its text_config)               top-k, SwiGLU experts, sigmoid-gated shared expert)
+//   kimi_linear    KimiLinearForCausalLM         decoder layers: Kimi Delta Attention or multi-head
+//                                                latent attention, each followed by a SwiGLU MLP
+//                                                (MoE "sparse" MLP layers: refused, "not supported yet")
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,13 +26,14 @@ inline constexpr int64_t kMaxLayers = int64_t{1} << 16;
 // `width` as an int, or std::length_error naming `formula` when it is negative or above kMaxWidth.
 int checked_width(int64_t width, const char* formula);
 
-enum class Architecture { mamba2, nemotron_h, qwen3_5 };
+enum class Architecture { mamba2, nemotron_h, qwen3_5, kimi_linear };
 std::string to_string(Architecture a);
 
 // What mixes tokens (or not) in one block.
-enum class LayerKind { mamba2, gated_deltanet, attention, mlp, moe };
-char pattern_char(LayerKind k);      // M, G, *, -, E
+enum class LayerKind { mamba2, gated_deltanet, attention, mlp, moe, kda, mla };
+char pattern_char(LayerKind k);      // M, G, *, -, E, K, * (MLA is the attention of its architecture)
 std::string to_string(LayerKind k);  // "mamba2", ...
+bool is_ssm_layer(LayerKind k);      // a recurrence whose state a PrecisionPolicy stores (M, G, K)
 
 struct Mamba2Shape {
   int num_heads = 0, head_dim = 0;   // value heads and dv
@@ -72,6 +76,36 @@ struct AttentionShape {
     return checked_width(int64_t{attention_width()} * (output_gate ? 2 : 1), "q_proj width");
   }
   int kv_width() const { return checked_width(int64_t{num_kv_heads} * head_dim, "num_kv_heads * head_dim"); }
+};
+
+// Kimi Delta Attention (KimiLinearDeltaAttention): num_heads heads of dk = dv = head_dim, each its
+// own key head (no sharing); q, k, v of num_heads * head_dim each.
+struct KdaShape {
+  int num_heads = 0, head_dim = 0;
+  int conv_kernel = 4;
+  double norm_eps = 1e-5;  // the gated output RMSNorm
+  int qkv_dim() const { return checked_width(int64_t{num_heads} * head_dim, "linear_num_heads * linear_head_dim"); }
+  int conv_dim() const { return checked_width(3 * int64_t{qkv_dim()}, "KDA conv_dim 3 * linear_num_heads * linear_head_dim"); }
+};
+
+// Multi-head latent attention as Kimi Linear computes it (KimiLinearAttention): no positional
+// encoding anywhere (the "rope" part of the key is shared by the heads but never rotated).
+// Query per head [nope | rope] from q_proj (q_lora_rank 0) or q_b(RMSNorm(q_a x)); latent
+// kv_a x = [c (kv_lora_rank) | k_rope]; kv_b(RMSNorm(c)) per head = [k_nope | v].
+struct MlaShape {
+  int num_heads = 0;
+  int q_lora_rank = 0;  // 0: a plain q_proj
+  int kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool bias = false;              // q_a_proj, kv_a_proj_with_mqa and o_proj
+  double lora_norm_eps = 1e-6;    // q_a_layernorm, kv_a_layernorm (transformers' fixed default)
+  int qk_head_dim() const { return checked_width(int64_t{qk_nope_head_dim} + qk_rope_head_dim, "qk_head_dim"); }
+  int q_width() const { return checked_width(int64_t{num_heads} * qk_head_dim(), "num_attention_heads * qk_head_dim"); }
+  int kv_a_width() const { return checked_width(int64_t{kv_lora_rank} + qk_rope_head_dim, "kv_lora_rank + qk_rope_head_dim"); }
+  int kv_b_width() const {
+    return checked_width(int64_t{num_heads} * (int64_t{qk_nope_head_dim} + v_head_dim),
+                         "num_attention_heads * (qk_nope_head_dim + v_head_dim)");
+  }
+  int value_width() const { return checked_width(int64_t{num_heads} * v_head_dim, "num_attention_heads * v_head_dim"); }
 };
 
 enum class MlpActivation { relu2, swiglu };
@@ -125,13 +159,15 @@ struct ModelConfig {
   bool norm_plus_one = false;  // RMSNorm scales by (1 + weight) (Qwen3.5)
   bool tie_word_embeddings = false;
   std::vector<LayerKind> layers;  // one per block / decoder layer
-  bool layer_has_mlp = false;     // qwen3_5: every decoder layer ends with an MLP sub-block
+  bool layer_has_mlp = false;     // qwen3_5, kimi_linear: every decoder layer ends with an MLP sub-block
   bool mlp_is_moe = false;        // qwen3_5_moe: that MLP sub-block is a mixture of experts (moe)
   Mamba2Shape mamba;
   GdnShape gdn;
   AttentionShape attention;
   MlpShape mlp;
   MoeShape moe;  // 'E' layers (nemotron_h) or every MLP sub-block (qwen3_5_moe)
+  KdaShape kda;
+  MlaShape mla;
 
   // Reads MODEL_DIR/config.json. Throws std::runtime_error naming the file, the key and what was
   // expected for a missing or ill-typed key, an unknown model_type, an unsupported layer type, a

@@ -21,7 +21,7 @@ namespace replayssm::test {
 
 inline const std::vector<std::string>& golden_models() {
   static const std::vector<std::string> names = {"mamba2_tiny", "nemotron_h_tiny", "qwen3_5_tiny",
-                                                 "nemotron_h_moe_tiny", "qwen3_5_moe_tiny"};
+                                                 "nemotron_h_moe_tiny", "qwen3_5_moe_tiny", "kimi_linear_tiny"};
   return names;
 }
 inline std::string golden_dir(const std::string& name) { return source_path("data/models/" + name); }
