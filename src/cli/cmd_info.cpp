@@ -17,9 +17,11 @@ void register_info(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "info",
       "Describe a Hugging Face checkpoint directory (config.json + model.safetensors or sharded index):\n"
-      "architecture, layer pattern (M Mamba-2, G Gated DeltaNet, * attention, - MLP), SSM head shapes\n"
+      "architecture, layer pattern (M Mamba-2, G Gated DeltaNet, K Kimi Delta Attention, * attention,\n"
+      "- MLP, E mixture of experts), SSM head shapes\n"
       "(key heads, value heads, dk, dv), parameter count and the tensors holding NaN or Inf, if any.\n"
-      "Supported model_type: mamba2, nemotron_h, qwen3_5 / qwen3_5_text. Quantized weights (FP8 E4M3\n"
+      "Supported model_type: mamba2, nemotron_h, qwen3_5 / qwen3_5_text, qwen3_5_moe / qwen3_5_moe_text,\n"
+      "kimi_linear. Quantized weights (FP8 E4M3\n"
       "block-scaled, quant_method fp8; NVFP4, ModelOpt) are dequantized to FP32 at load: info lists\n"
       "which matrices, their format and the memory they take.");
   cmd->add_option("MODEL_DIR", *dir, "model directory")->required();

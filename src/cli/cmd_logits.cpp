@@ -66,7 +66,7 @@ model::PolicyAssignment parse_policies(const LogitsOptions& o, const model::Caus
     if (layer < 0 || layer >= n)
       throw std::runtime_error(fmt::format("--layer-policy '{}': layer must be an index in [0, {})", lp, n));
     const auto kind = lm.config().layers[layer];
-    if (kind != model::LayerKind::mamba2 && kind != model::LayerKind::gated_deltanet)
+    if (!model::is_ssm_layer(kind))
       throw std::runtime_error(fmt::format("--layer-policy '{}': layer {} is a {} layer, not an SSM layer", lp, layer,
                                            model::to_string(kind)));
     pa.per_layer[layer] = ssm::PrecisionPolicy::parse(lp.substr(eq + 1));

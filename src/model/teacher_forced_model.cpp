@@ -69,6 +69,8 @@ class CausalLMTeacherForced final : public TeacherForcedModel {
     std::string ssm;
     if (c.arch == Architecture::qwen3_5)
       ssm = fmt::format("GDN {}k/{}v heads dk {} dv {}", c.gdn.num_k_heads, c.gdn.num_v_heads, c.gdn.dk, c.gdn.dv);
+    else if (c.arch == Architecture::kimi_linear)
+      ssm = fmt::format("KDA {} heads dk = dv = {}", c.kda.num_heads, c.kda.head_dim);
     else
       ssm = fmt::format("Mamba-2 {}k/{}v heads dk {} dv {}", c.mamba.n_groups, c.mamba.num_heads, c.mamba.state_size,
                         c.mamba.head_dim);

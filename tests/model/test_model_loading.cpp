@@ -174,7 +174,7 @@ TEST_CASE("config errors name the file and the key") {
     const std::string e = load_error(dir);
     CHECK(e.find(cfg) != std::string::npos);
     CHECK(e.find("unknown model_type \"llama\" (supported: mamba2, nemotron_h, qwen3_5, qwen3_5_text, qwen3_5_moe, "
-                "qwen3_5_moe_text)") != std::string::npos);
+                "qwen3_5_moe_text, kimi_linear)") != std::string::npos);
   }
   SUBCASE("missing key") {
     copy_model("mamba2_tiny", dir);

@@ -340,7 +340,7 @@ def test_tokenize_with_a_tokenizer_json(tmp_path):
     """Only the tokenizers package is needed; where transformers is installed its fast tokenizer, loaded
     from the same folder, gives the same ids."""
     model_dir = tmp_path / "model"
-    core, vocab = save_word_tokenizer(model_dir, bos={"content": "<s>", "special": True})
+    core, vocab = save_word_tokenizer(model_dir, bos={"__type": "AddedToken", "content": "<s>", "special": True})
     text = tmp_path / "text"
     text.mkdir()
     (text / "1.txt").write_bytes(GUTENBERG.format(body="First book, caf\u00e9. Unknown").encode())
