@@ -50,9 +50,12 @@ attention, chunked SSM scans). All models are FP32 with dk = 128, so that every 
 The MoE goldens record in golden.json how many (token, slot) choices each expert of each MoE layer
 received in the reference forward (``routing``); the generator refuses a model where an expert of
 some layer receives none, so the goldens exercise every expert.
-* ``kimi_linear_tiny`` KimiLinearForCausalLM, layers KDA, MLA, dense SwiGLU MLPs: one KDA head of
+* ``kimi_linear_tiny`` KimiLinearForCausalLM, layers KDA, MLA: one KDA head of
                      dk = dv = 128 with channel decays from slow to fast, multi-head latent attention
-                     (2 heads, kv_lora_rank 16, nope/rope/v head dims 16/8/16); untied LM head. Its
+                     (2 heads, kv_lora_rank 16, nope/rope/v head dims 16/8/16); a dense SwiGLU MLP in
+                     layer 0, a mixture of experts in layer 1 (8 SwiGLU experts in 4 groups, top 2
+                     from the 2 best groups, e_score_correction_bias, renormalised, routed scaling
+                     2.446, one shared expert); untied LM head. Its
                      weights are bfloat16-representable and stored as BF16 (lossless) to stay under
                      0.6 MB; the reference forward runs in float32 like the others.
 """
@@ -517,7 +520,9 @@ def build(name, transformers, torch):
     if name == "kimi_linear_tiny":
         cfg = transformers.KimiLinearConfig(
             vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "dense"],
+            layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "sparse"],
+            num_experts=8, num_expert_group=4, topk_group=2, num_experts_per_token=2, moe_intermediate_size=16,
+            num_shared_experts=1, moe_renormalize=True, routed_scaling_factor=2.446,
             linear_num_heads=1, linear_head_dim=128, linear_conv_kernel_dim=4,
             num_attention_heads=2, num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=16,
             qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, attention_bias=False,
@@ -532,7 +537,7 @@ def routing_counts(model, torch, input_ids):
     forward: recorded from the router modules' own outputs (their third return value, the indices)."""
     counts, hooks = {}, []
     for name, mod in model.named_modules():
-        if type(mod).__name__ in ("NemotronHTopkRouter", "Qwen3_5MoeTopKRouter"):
+        if type(mod).__name__ in ("NemotronHTopkRouter", "Qwen3_5MoeTopKRouter", "KimiLinearTopkRouter"):
             n_exp = mod.weight.shape[0]
 
             def hook(m, args, out, name=name, n_exp=n_exp):
@@ -579,7 +584,10 @@ def write_model_goldens(out_root=MODELS_DIR, names=MODEL_NAMES, log=print):
         model = model.to(torch.float32).eval()
         randomise(model, torch, gen, kind)
         if name in BF16_CHECKPOINTS:
-            for p in model.parameters():
+            # the saved buffers too (the routers' e_score_correction_bias): the file must hold exactly
+            # the values the reference forward used
+            saved = model.state_dict()
+            for p in [*model.parameters(), *(b for n, b in model.named_buffers() if n in saved)]:
                 p.copy_(p.to(torch.bfloat16).to(torch.float32))
         if getattr(model.config, "tie_word_embeddings", False):
             model.tie_weights()
@@ -605,7 +613,8 @@ def write_model_goldens(out_root=MODELS_DIR, names=MODEL_NAMES, log=print):
             extra["kda_decay"] = kda_decay_spread(model, torch, torch.from_numpy(tokens)[None])
             spread = extra["kda_decay"]
             assert spread["min_channel_mean_decay"] < 0.5 and spread["max_channel_mean_decay"] > 0.999, spread
-            extra["mlp_layers"] = "all dense (MoE layers are not supported yet)"
+            extra["mlp_layers"] = ("layer 0 dense (SwiGLU), layer 1 sparse (KimiLinearMoE: 8 experts, every one "
+                                   "receives tokens, see routing)")
         if name in BF16_CHECKPOINTS:
             model.to(torch.bfloat16).save_pretrained(d)
             extra["checkpoint_dtype"] = ("bfloat16: the weights are bfloat16-representable, stored losslessly; "

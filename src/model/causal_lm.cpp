@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "model/moe.h"
 #include "model/safetensors.h"
@@ -94,13 +95,19 @@ CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
       else
         L.mixer = std::make_unique<MlaAttention>(w, p + "self_attn", c.mla, d);
       L.mlp_norm = w.vector(p + "post_attention_layernorm.weight", d);
-      // The published layout names every MLP block_sparse_moe (transformers renames it mlp).
+      // The published layout names every MLP block_sparse_moe (transformers renames it mlp); the
+      // probe is a tensor every block of the layer's kind has (an MoE block has no down_proj).
+      const bool moe = c.layer_mlp_is_moe(i);
       const std::string published = p + "block_sparse_moe", in_memory = p + "mlp";
-      const bool both = w.contains(published + ".down_proj.weight") && w.contains(in_memory + ".down_proj.weight");
-      if (both)
+      const std::string probe = moe ? ".gate.weight" : ".down_proj.weight";
+      if (w.contains(published + probe) && w.contains(in_memory + probe))
         throw std::runtime_error(fmt::format("{}: layer {} has both '{}.*' and '{}.*' tensors: expected one MLP",
                                              store.files_description(), i, published, in_memory));
-      L.mlp = std::make_unique<Mlp>(w, w.contains(in_memory + ".down_proj.weight") ? in_memory : published, c.mlp, d);
+      const std::string prefix = w.contains(in_memory + probe) ? in_memory : published;
+      if (moe)
+        L.mlp = std::make_unique<MixtureOfExperts>(w, prefix, c.moe, d);
+      else
+        L.mlp = std::make_unique<Mlp>(w, prefix, c.mlp, d);
     } else if (c.arch == Architecture::qwen3_5) {
       L.norm = w.vector(p + "input_layernorm.weight", d);
       if (L.kind == LayerKind::gated_deltanet)
@@ -183,7 +190,10 @@ std::string CausalLM::describe() const {
                    c.layers.size(), c.pattern(),
                    !c.layer_has_mlp ? ""
                    : c.mlp_is_moe   ? "; every layer also has a mixture-of-experts MLP"
-                                    : "; every layer also has an MLP");
+                   : !c.moe_mlp_layers.empty()
+                       ? fmt::format("; every layer also has an MLP, a mixture of experts in layer{} {}",
+                                     c.moe_mlp_layers.size() == 1 ? "" : "s", fmt::join(c.moe_mlp_layers, ","))
+                       : "; every layer also has an MLP");
   const int n_m = static_cast<int>(std::count(c.layers.begin(), c.layers.end(), LayerKind::mamba2));
   const int n_g = static_cast<int>(std::count(c.layers.begin(), c.layers.end(), LayerKind::gated_deltanet));
   if (n_m) {
@@ -222,7 +232,9 @@ std::string CausalLM::describe() const {
                      a.output_gate ? ", sigmoid output gate" : "", a.qk_norm ? ", q/k RMSNorm" : "");
   }
   const int n_mlp = static_cast<int>(std::count(c.layers.begin(), c.layers.end(), LayerKind::mlp)) +
-                    (c.layer_has_mlp && !c.mlp_is_moe ? static_cast<int>(c.layers.size()) : 0);
+                    (c.layer_has_mlp && !c.mlp_is_moe
+                         ? static_cast<int>(c.layers.size()) - static_cast<int>(c.moe_mlp_layers.size())
+                         : 0);
   if (n_mlp)
     o << fmt::format("MLP            {} blocks: intermediate {}, {}\n", n_mlp, c.mlp.intermediate_size,
                      c.mlp.activation == MlpActivation::relu2 ? "relu^2" : "SwiGLU");

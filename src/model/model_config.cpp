@@ -217,26 +217,26 @@ std::vector<std::string> types_from_pattern(const JsonObject& j, const std::stri
 // The routing fields every router reads, checked against each other: top_k <= n_experts, n_group
 // divides the experts, topk_group <= n_group, and the chosen groups hold top_k experts at least.
 // Sigmoid routers score a group by its two best experts, so a group needs two.
-void check_router(const JsonObject& j, const RouterSpec& r, const std::string& experts_key) {
+void check_router(const JsonObject& j, const RouterSpec& r, const std::string& experts_key,
+                  const std::string& top_k_key = "num_experts_per_tok", const std::string& group_key = "n_group") {
   if (r.top_k > r.n_experts)
-    fail(j, fmt::format("config key \"num_experts_per_tok\" is {}, expected at most {} = {} (each token picks "
-                        "distinct experts)",
-                        r.top_k, experts_key, r.n_experts));
+    fail(j, fmt::format("config key \"{}\" is {}, expected at most {} = {} (each token picks distinct experts)",
+                        top_k_key, r.top_k, experts_key, r.n_experts));
   if (r.n_experts % r.n_group != 0)
-    fail(j, fmt::format("config key \"n_group\" is {}, expected a divisor of {} = {} (experts are cut into equal "
+    fail(j, fmt::format("config key \"{}\" is {}, expected a divisor of {} = {} (experts are cut into equal "
                         "groups)",
-                        r.n_group, experts_key, r.n_experts));
+                        group_key, r.n_group, experts_key, r.n_experts));
   if (r.topk_group > r.n_group)
-    fail(j, fmt::format("config key \"topk_group\" is {}, expected at most n_group = {}", r.topk_group, r.n_group));
+    fail(j, fmt::format("config key \"topk_group\" is {}, expected at most {} = {}", r.topk_group, group_key,
+                        r.n_group));
   const int per_group = r.n_experts / r.n_group;
   if (r.score == RouterSpec::Score::sigmoid && per_group < 2)
-    fail(j, fmt::format("{} / n_group = {} / {} leaves {} expert per group, expected at least 2 (a group is scored by "
+    fail(j, fmt::format("{} / {} = {} / {} leaves {} expert per group, expected at least 2 (a group is scored by "
                         "its two best experts)",
-                        experts_key, r.n_experts, r.n_group, per_group));
+                        experts_key, group_key, r.n_experts, r.n_group, per_group));
   if (int64_t{r.topk_group} * per_group < r.top_k)
-    fail(j, fmt::format("topk_group * ({} / n_group) = {} * {} experts compete, expected at least "
-                        "num_experts_per_tok = {}",
-                        experts_key, r.topk_group, per_group, r.top_k));
+    fail(j, fmt::format("topk_group * ({} / {}) = {} * {} experts compete, expected at least {} = {}", experts_key,
+                        group_key, r.topk_group, per_group, top_k_key, r.top_k));
 }
 
 // A routed-weight factor: finite and positive (0 would silence every expert, a negative one flip them).
@@ -548,6 +548,68 @@ int kda_field(const JsonObject& j, const JsonObject* lac, const std::string& key
   return inner ? positive(*lac, lac_key) : positive(j, key, dflt);
 }
 
+// The key of a KimiLinearConfig field that has two spellings: the one transformers writes (and the
+// published checkpoints use) or its attribute alias. Both present with different values: refused.
+std::string kimi_spelling(const JsonObject& j, const std::string& written, const std::string& alias) {
+  if (!j.has(alias)) return written;
+  if (!j.has(written)) return alias;
+  const nlohmann::json &a = j.json()[written], &b = j.json()[alias];
+  if (a != b)
+    fail(j, fmt::format("config keys \"{}\" ({}) and \"{}\" ({}) name the same field (expected one value)", written,
+                        a.dump(), alias, b.dump()));
+  return written;
+}
+
+// KimiLinearMoE (transformers 5.17): Nemotron-H's sigmoid router (correction bias for the choice
+// only, grouped top-k, weights from the unbiased scores renormalised + 1e-20 when moe_renormalize,
+// times routed_scaling_factor), SwiGLU experts, and num_shared_experts shared experts computed as
+// one SwiGLU MLP of moe_intermediate_size * num_shared_experts. Defaults are KimiLinearConfig's.
+void load_kimi_linear_moe(ModelConfig& c, const JsonObject& j) {
+  MoeShape& e = c.moe;
+  RouterSpec& r = e.router;
+  const std::string experts_key = kimi_spelling(j, "num_experts", "num_local_experts");
+  const std::string top_k_key = kimi_spelling(j, "num_experts_per_token", "num_experts_per_tok");
+  const std::string group_key = kimi_spelling(j, "num_expert_group", "n_group");
+  const std::string shared_key = kimi_spelling(j, "num_shared_experts", "n_shared_experts");
+  const std::string renorm_key = kimi_spelling(j, "moe_renormalize", "norm_topk_prob");
+  // Written as null, transformers cannot route (topk of None): not a default.
+  for (const std::string& key : {top_k_key, std::string("topk_group")})
+    if (j.json().contains(key) && j.json()[key].is_null())
+      fail(j, fmt::format("config key \"{}\" is null, expected a positive integer", key));
+  r.score = RouterSpec::Score::sigmoid;
+  r.n_experts = positive(j, experts_key, 256);
+  r.top_k = positive(j, top_k_key, 8);
+  r.n_group = positive(j, group_key, 1);
+  r.topk_group = positive(j, "topk_group", 1);
+  r.correction_bias = true;
+  r.normalise = j.get_bool(renorm_key, true);
+  r.norm_epsilon = 1e-20f;
+  r.scaling = routed_scaling(j, "routed_scaling_factor", 2.446);
+  check_router(j, r, experts_key, top_k_key, group_key);
+  e.expert_intermediate = positive(j, "moe_intermediate_size", 1024);
+  e.activation = ExpertActivation::swiglu;
+  const int n_shared = positive(j, shared_key, 1);
+  const int64_t shared = int64_t{e.expert_intermediate} * n_shared;
+  check_width(j, fmt::format("moe_intermediate_size * {}", shared_key), shared);
+  e.shared_intermediate = static_cast<int>(shared);
+  e.shared_gate = false;
+  e.shared_bias = false;
+  e.shared_name = "shared_experts";
+  e.expert_gate_name = "w1";
+  e.expert_up_name = "w3";
+  e.expert_down_name = "w2";
+  // Keys of the published remote-code config that transformers 5.17 ignores: accepted only where
+  // they agree with its computation, so a checkpoint meaning something else is not misread.
+  if (j.has("moe_layer_freq") && j.json()["moe_layer_freq"] != 1)
+    fail(j, fmt::format("config key \"moe_layer_freq\" is {}, but transformers 5.17 makes every layer from "
+                        "first_k_dense_replace on sparse: expected 1 or absent (or mlp_layer_types)",
+                        j.json()["moe_layer_freq"].dump()));
+  if (j.has("moe_router_activation_func") && j.json()["moe_router_activation_func"] != "sigmoid")
+    fail(j, fmt::format("config key \"moe_router_activation_func\" is {}, but Kimi Linear's router (transformers "
+                        "5.17) scores by sigmoid: expected \"sigmoid\" or absent",
+                        j.json()["moe_router_activation_func"].dump()));
+}
+
 void load_kimi_linear(ModelConfig& c, const JsonObject& j) {
   c.vocab_size = positive(j, "vocab_size");
   c.hidden_size = positive(j, "hidden_size");
@@ -595,7 +657,6 @@ void load_kimi_linear(ModelConfig& c, const JsonObject& j) {
   const int64_t first_dense = j.get_int("first_k_dense_replace", 1);
   if (first_dense < 0) fail(j, fmt::format("config key \"first_k_dense_replace\" is {}, expected >= 0", first_dense));
   for (int i = 0; i < n_layers; ++i) from_first_k.push_back(i < first_dense ? "dense" : "sparse");
-  std::string mlp_key = "mlp_layer_types";
   if (j.has("mlp_layer_types")) {
     mlp_types = j.get_string_list("mlp_layer_types");
     if (static_cast<int>(mlp_types.size()) != n_layers)
@@ -610,18 +671,16 @@ void load_kimi_linear(ModelConfig& c, const JsonObject& j) {
                           "one of the two, or the same layers)",
                           first_dense));
   } else {
-    mlp_key = "first_k_dense_replace";
     mlp_types = from_first_k;
   }
-  // The MoE block plugs in here: read its shape and keep the sparse layers' indices instead.
-  for (std::size_t i = 0; i < mlp_types.size(); ++i)
-    if (mlp_types[i] == "sparse")
-      fail(j, fmt::format("Kimi Linear MoE layers: not supported yet (dense layers only): layer {} is \"sparse\" by "
-                          "config key \"{}\" (expected \"dense\" for every layer)",
-                          i, mlp_key));
-  c.mlp.intermediate_size = positive(j, "intermediate_size");
-  c.mlp.activation = MlpActivation::swiglu;
-  c.mlp.bias = false;
+  for (int i = 0; i < n_layers; ++i)
+    if (mlp_types[i] == "sparse") c.moe_mlp_layers.push_back(i);
+  if (!c.moe_mlp_layers.empty()) load_kimi_linear_moe(c, j);
+  if (static_cast<int>(c.moe_mlp_layers.size()) < n_layers) {
+    c.mlp.intermediate_size = positive(j, "intermediate_size");
+    c.mlp.activation = MlpActivation::swiglu;
+    c.mlp.bias = false;
+  }
 
   if (std::count(c.layers.begin(), c.layers.end(), LayerKind::kda) > 0) {
     auto& k = c.kda;
@@ -731,7 +790,10 @@ int ModelConfig::attention_layer_count() const {
 }
 int ModelConfig::moe_layer_count() const {
   return static_cast<int>(std::count(layers.begin(), layers.end(), LayerKind::moe)) +
-         (mlp_is_moe ? static_cast<int>(layers.size()) : 0);
+         (mlp_is_moe ? static_cast<int>(layers.size()) : 0) + static_cast<int>(moe_mlp_layers.size());
+}
+bool ModelConfig::layer_mlp_is_moe(int layer) const {
+  return mlp_is_moe || std::find(moe_mlp_layers.begin(), moe_mlp_layers.end(), layer) != moe_mlp_layers.end();
 }
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {

@@ -8,8 +8,9 @@
 //   qwen3_5_moe_text Qwen3_5MoeForCausalLM       as qwen3_5, every MLP a mixture of experts (softmax
 //   (qwen3_5_moe: its text_config)               top-k, SwiGLU experts, sigmoid-gated shared expert)
 //   kimi_linear    KimiLinearForCausalLM         decoder layers: Kimi Delta Attention or multi-head
-//                                                latent attention, each followed by a SwiGLU MLP
-//                                                (MoE "sparse" MLP layers: refused, "not supported yet")
+//                                                latent attention, each followed by a SwiGLU MLP or
+//                                                ("sparse" layers) a mixture of experts (sigmoid
+//                                                grouped routing, SwiGLU experts, shared experts)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -148,6 +149,9 @@ struct MoeShape {
   int latent_size = 0;          // Nemotron-H moe_latent_size (0: experts work on the hidden state)
   bool latent_bias = false;
   std::string shared_name = "shared_experts";  // tensor prefix of the shared expert
+  // Per-expert tensor names on disk, experts.{e}.NAME.weight: gate_proj / up_proj / down_proj, or
+  // Kimi Linear's published w1 (gate) / w3 (up) / w2 (down).
+  std::string expert_gate_name = "gate_proj", expert_up_name = "up_proj", expert_down_name = "down_proj";
 };
 
 struct ModelConfig {
@@ -161,11 +165,12 @@ struct ModelConfig {
   std::vector<LayerKind> layers;  // one per block / decoder layer
   bool layer_has_mlp = false;     // qwen3_5, kimi_linear: every decoder layer ends with an MLP sub-block
   bool mlp_is_moe = false;        // qwen3_5_moe: that MLP sub-block is a mixture of experts (moe)
+  std::vector<int> moe_mlp_layers;  // kimi_linear: the decoder layers whose MLP is a mixture of experts
   Mamba2Shape mamba;
   GdnShape gdn;
   AttentionShape attention;
   MlpShape mlp;
-  MoeShape moe;  // 'E' layers (nemotron_h) or every MLP sub-block (qwen3_5_moe)
+  MoeShape moe;  // 'E' layers (nemotron_h), every MLP sub-block (qwen3_5_moe), the sparse ones (kimi_linear)
   KdaShape kda;
   MlaShape mla;
 
@@ -181,6 +186,7 @@ struct ModelConfig {
   int ssm_layer_count() const;
   int attention_layer_count() const;
   int moe_layer_count() const;  // 'E' blocks plus MoE MLP sub-blocks
+  bool layer_mlp_is_moe(int layer) const;  // that decoder layer's MLP sub-block is a mixture of experts
 };
 
 }  // namespace replayssm::model

@@ -117,7 +117,7 @@ ExpertTensors load_experts(WeightLoader& w, const std::string& p, const MoeShape
   const bool swiglu = s.activation == ExpertActivation::swiglu;
   const std::string fused_up = p + (swiglu ? ".experts.gate_up_proj" : ".experts.up_proj");
   ExpertTensors t;
-  if (!w.contains(p + ".experts.0.up_proj.weight") && w.contains(fused_up)) {
+  if (!w.contains(fmt::format("{}.experts.0.{}.weight", p, s.expert_up_name)) && w.contains(fused_up)) {
     const int up_rows = swiglu ? 2 * inter : inter;
     auto up = std::make_shared<const std::vector<float>>(w.values(fused_up, {n, up_rows, in}));
     auto down = std::make_shared<const std::vector<float>>(w.values(p + ".experts.down_proj", {n, in, inter}));
@@ -136,9 +136,9 @@ ExpertTensors load_experts(WeightLoader& w, const std::string& p, const MoeShape
   std::vector<std::vector<float>> gate, up, down;
   for (int e = 0; e < n; ++e) {
     const std::string q = fmt::format("{}.experts.{}.", p, e);
-    if (swiglu) gate.push_back(w.values(q + "gate_proj.weight", {inter, in}));
-    up.push_back(w.values(q + "up_proj.weight", {inter, in}));
-    down.push_back(w.values(q + "down_proj.weight", {in, inter}));
+    if (swiglu) gate.push_back(w.values(q + s.expert_gate_name + ".weight", {inter, in}));
+    up.push_back(w.values(q + s.expert_up_name + ".weight", {inter, in}));
+    down.push_back(w.values(q + s.expert_down_name + ".weight", {in, inter}));
   }
   if (w.shapes_only()) return t;
   if (swiglu) t.gate = ExpertMatrices(std::move(gate), inter, in);

@@ -1,5 +1,5 @@
-// Mixture-of-experts layers (transformers 5.17: NemotronHMoE, Qwen3_5MoeSparseMoeBlock; the
-// DeepSeek-style sigmoid router of Kimi Linear is the same RouterSpec as Nemotron-H's):
+// Mixture-of-experts layers (transformers 5.17: NemotronHMoE, Qwen3_5MoeSparseMoeBlock,
+// KimiLinearMoE; Kimi Linear's DeepSeek-style sigmoid router is the same RouterSpec as Nemotron-H's):
 //
 //   logits = x W_gate^T                       router, float32, one logit per expert
 //   (experts, weights) = route(logits)        RouterSpec (model_config.h): softmax or sigmoid
@@ -11,10 +11,12 @@
 // row's sum is taken in ascending expert order, as transformers' index_add does: results are
 // bitwise independent of the thread count and of how positions are chunked.
 //
-// Tensors under PREFIX (Nemotron-H "model.layers.N.mixer", Qwen3.5-MoE "model.layers.N.mlp"):
+// Tensors under PREFIX (Nemotron-H "model.layers.N.mixer", Qwen3.5-MoE "model.layers.N.mlp", Kimi
+// Linear "model.layers.N.block_sparse_moe" or "model.layers.N.mlp"):
 //   gate.weight [E, H]; gate.e_score_correction_bias [E] (sigmoid routers)
 //   experts.{e}.up_proj.weight [I, in], experts.{e}.down_proj.weight [in, I], and for SwiGLU
-//   experts.{e}.gate_proj.weight [I, in]  (checkpoints on disk)   -- or the fused form transformers
+//   experts.{e}.gate_proj.weight [I, in]  (checkpoints on disk; Kimi Linear's names are w3, w2 and
+//   w1: MoeShape's expert_*_name)   -- or the fused form transformers
 //   holds in memory: experts.up_proj [E, I, in] / experts.gate_up_proj [E, 2I, in] (gate rows first)
 //   and experts.down_proj [E, in, I]
 //   SHARED.{gate,up,down}_proj.weight (model/layers.h Mlp), shared_expert_gate.weight [1, H]

@@ -1,4 +1,5 @@
-// Kimi Linear (kimi_linear): hostile config.json fields, both checkpoint spellings of its weights,
+// Kimi Linear (kimi_linear): hostile config.json fields (MoE ones included), both checkpoint
+// spellings of its weights (published per-expert w1/w3/w2, transformers' fused experts),
 // KDA head indexing with more than one head, and the latent attention (q LoRA, biases) against a
 // direct float64 evaluation of transformers' formulas. The FP32 forward against transformers and
 // the policy effects run in test_model_goldens.cpp (kimi_linear_tiny is a golden model).
@@ -69,34 +70,184 @@ std::string other_rows(const RawTensor& t) {
 
 }  // namespace
 
-TEST_CASE("kimi_linear config: MoE layers are refused at load, naming the file and the key") {
-  const std::string moe = "Kimi Linear MoE layers: not supported yet (dense layers only)";
-  check_rejected(set("mlp_layer_types", {"dense", "sparse"}),
-                 moe + ": layer 1 is \"sparse\" by config key \"mlp_layer_types\"");
-  // transformers' default without mlp_layer_types: only the first first_k_dense_replace (1) are dense.
-  check_rejected(erase("mlp_layer_types"), moe + ": layer 1 is \"sparse\" by config key \"first_k_dense_replace\"");
+TEST_CASE("kimi_linear config: sparse layers read the MoE shape (KimiLinearConfig's keys and defaults)") {
+  const ModelConfig c = ModelConfig::load(golden_dir(kGolden));
+  CHECK(c.moe_mlp_layers == std::vector<int>{1});
+  CHECK(!c.layer_mlp_is_moe(0));
+  CHECK(c.layer_mlp_is_moe(1));
+  CHECK(c.moe_layer_count() == 1);
+  CHECK(c.mlp.intermediate_size == 64);
+  const RouterSpec& r = c.moe.router;
+  CHECK(r.score == RouterSpec::Score::sigmoid);
+  CHECK(r.n_experts == 8);
+  CHECK(r.top_k == 2);
+  CHECK(r.n_group == 4);
+  CHECK(r.topk_group == 2);
+  CHECK(r.correction_bias);
+  CHECK(r.normalise);
+  CHECK(r.norm_epsilon == 1e-20f);
+  CHECK(r.scaling == 2.446f);
+  CHECK(c.moe.expert_intermediate == 16);
+  CHECK(c.moe.activation == ExpertActivation::swiglu);
+  CHECK(c.moe.shared_intermediate == 16);
+  CHECK(!c.moe.shared_gate);
+  CHECK(c.moe.expert_gate_name == "w1");
+  CHECK(c.moe.expert_up_name == "w3");
+  CHECK(c.moe.expert_down_name == "w2");
+
+  TempDir tmp;
+  const fs::path dir = tmp.path() / "m";
+  // transformers' attribute aliases read as the written names; moe_renormalize false is read.
+  copy_model(kGolden, dir);
+  edit_config(dir, [](nlohmann::json& j) {
+    for (const auto& [written, alias] : {std::pair<const char*, const char*>{"num_experts", "num_local_experts"},
+                                         {"num_experts_per_token", "num_experts_per_tok"},
+                                         {"num_expert_group", "n_group"},
+                                         {"num_shared_experts", "n_shared_experts"},
+                                         {"moe_renormalize", "norm_topk_prob"}}) {
+      j[alias] = j[written];
+      j.erase(written);
+    }
+    j["norm_topk_prob"] = false;
+  });
+  ModelConfig a = ModelConfig::load(dir.string());
+  CHECK(a.moe.router.n_experts == 8);
+  CHECK(a.moe.router.top_k == 2);
+  CHECK(a.moe.router.n_group == 4);
+  CHECK(!a.moe.router.normalise);
+  CHECK(a.moe.shared_intermediate == 16);
+  // Several shared experts are one MLP of their summed width.
+  edit_config(dir, [](nlohmann::json& j) { j["n_shared_experts"] = 3; });
+  CHECK(ModelConfig::load(dir.string()).moe.shared_intermediate == 48);
+  // Without mlp_layer_types, transformers' default: layers from first_k_dense_replace (1) on are sparse.
+  copy_model(kGolden, dir);
+  edit_config(dir, erase("mlp_layer_types"));
+  CHECK(ModelConfig::load(dir.string()).moe_mlp_layers == std::vector<int>{1});
+  CHECK(load_error(dir) == "(no error)");
+  // KimiLinearConfig's defaults where a key is absent (256 experts, top 8, ...).
+  edit_config(dir, [](nlohmann::json& j) {
+    for (const char* k : {"num_experts", "num_experts_per_token", "num_expert_group", "topk_group",
+                          "num_shared_experts", "moe_renormalize", "routed_scaling_factor", "moe_intermediate_size"})
+      j.erase(k);
+  });
+  a = ModelConfig::load(dir.string());
+  CHECK(a.moe.router.n_experts == 256);
+  CHECK(a.moe.router.top_k == 8);
+  CHECK(a.moe.router.n_group == 1);
+  CHECK(a.moe.router.topk_group == 1);
+  CHECK(a.moe.router.normalise);
+  CHECK(a.moe.router.scaling == 2.446f);
+  CHECK(a.moe.expert_intermediate == 1024);
+  CHECK(a.moe.shared_intermediate == 1024);
+  // Every layer sparse: no dense MLP, so intermediate_size is not needed.
+  edit_config(dir, [](nlohmann::json& j) {
+    j["first_k_dense_replace"] = 0;
+    j.erase("intermediate_size");
+  });
+  a = ModelConfig::load(dir.string());
+  CHECK(a.moe_mlp_layers == std::vector<int>{0, 1});
+  CHECK(a.mlp.intermediate_size == 0);
+}
+
+TEST_CASE("kimi_linear config: bad MoE fields are refused, naming the file, the key and the expectation") {
+  for (const std::string key : {"num_experts", "num_experts_per_token", "num_expert_group", "topk_group",
+                                 "num_shared_experts", "moe_intermediate_size"}) {
+    CAPTURE(key);
+    check_rejected(set(key, 0), fmt::format("config key \"{}\" is 0, expected a positive integer", key));
+    check_rejected(set(key, -2), fmt::format("config key \"{}\" is -2", key));
+  }
+  // The alias spellings alone are checked alike.
+  for (const auto& [written, alias] : {std::pair<const char*, std::string>{"num_experts", "num_local_experts"},
+                                       {"num_expert_group", "n_group"},
+                                       {"num_shared_experts", "n_shared_experts"}}) {
+    CAPTURE(alias);
+    check_rejected(
+        [written = std::string(written), alias = alias](nlohmann::json& j) {
+          j.erase(written);
+          j[alias] = 0;
+        },
+        fmt::format("config key \"{}\" is 0, expected a positive integer", alias));
+  }
+  check_rejected(set("num_experts_per_token", 9),
+                 "config key \"num_experts_per_token\" is 9, expected at most num_experts = 8 (each token picks "
+                 "distinct experts)");
+  check_rejected(set("num_expert_group", 3),
+                 "config key \"num_expert_group\" is 3, expected a divisor of num_experts = 8");
+  check_rejected(set("topk_group", 5), "config key \"topk_group\" is 5, expected at most num_expert_group = 4");
+  check_rejected(set("num_expert_group", 8),
+                 "num_experts / num_expert_group = 8 / 8 leaves 1 expert per group, expected at least 2");
   check_rejected(
       [](nlohmann::json& j) {
-        j.erase("mlp_layer_types");
-        j["first_k_dense_replace"] = 0;
+        j["topk_group"] = 1;
+        j["num_experts_per_token"] = 3;
       },
-      moe + ": layer 0 is \"sparse\"");
-  // All dense through first_k_dense_replace alone loads.
+      "topk_group * (num_experts / num_expert_group) = 1 * 2 experts compete, expected at least "
+      "num_experts_per_token = 3");
+  for (const nlohmann::json& v : {nlohmann::json(0.0), nlohmann::json(-1.5), nlohmann::json("NaN"),
+                                  nlohmann::json("Infinity"), nlohmann::json(1e7)}) {
+    CAPTURE(v.dump());
+    check_rejected(set("routed_scaling_factor", v), "config key \"routed_scaling_factor\" is");
+    check_rejected(set("routed_scaling_factor", v), "expected a finite number in (0, 1e6]");
+  }
+  check_rejected(set("moe_renormalize", "yes"), "moe_renormalize");
+  check_rejected(set("num_experts_per_token", nullptr),
+                 "config key \"num_experts_per_token\" is null, expected a positive integer");
+  check_rejected(set("topk_group", nullptr), "config key \"topk_group\" is null, expected a positive integer");
+  // Both spellings of one field with different values: which one is meant is open.
+  check_rejected(set("num_local_experts", 16),
+                 "config keys \"num_experts\" (8) and \"num_local_experts\" (16) name the same field (expected one "
+                 "value)");
+  check_rejected(set("norm_topk_prob", false),
+                 "config keys \"moe_renormalize\" (true) and \"norm_topk_prob\" (false) name the same field");
+  check_rejected(set("n_group", 2), "config keys \"num_expert_group\" (4) and \"n_group\" (2) name the same field");
+  // The same value under both spellings is no contradiction.
   TempDir tmp;
   copy_model(kGolden, tmp.path());
+  edit_config(tmp.path(), set("num_experts_per_tok", 2));
+  CHECK(load_error(tmp.path()) == "(no error)");
+  // Remote-code keys that transformers 5.17 ignores: refused where they mean another computation.
+  check_rejected(set("moe_layer_freq", 2),
+                 "config key \"moe_layer_freq\" is 2, but transformers 5.17 makes every layer from "
+                 "first_k_dense_replace on sparse: expected 1 or absent");
+  check_rejected(set("moe_router_activation_func", "softmax"),
+                 "config key \"moe_router_activation_func\" is \"softmax\", but Kimi Linear's router (transformers "
+                 "5.17) scores by sigmoid");
+  copy_model(kGolden, tmp.path());
+  edit_config(tmp.path(), [](nlohmann::json& j) {
+    j["moe_layer_freq"] = 1;
+    j["moe_router_activation_func"] = "sigmoid";
+  });
+  CHECK(load_error(tmp.path()) == "(no error)");
+  check_rejected(
+      [](nlohmann::json& j) {
+        j["moe_intermediate_size"] = int64_t{1} << 27;
+        j["num_shared_experts"] = 4;
+      },
+      "moe_intermediate_size * num_shared_experts = 536870912 exceeds 268435456");
+}
+
+TEST_CASE("kimi_linear config: which MLPs are sparse follows mlp_layer_types or first_k_dense_replace") {
+  // Layer 0 sparse over a checkpoint whose layer 0 is dense: its router is missing, named with its shape.
+  TempDir tmp;
+  copy_model(kGolden, tmp.path());
+  edit_config(tmp.path(), set("mlp_layer_types", {"sparse", "sparse"}));
+  std::string e = load_error(tmp.path());
+  CHECK(contains(e, "missing tensor 'model.layers.0.block_sparse_moe.gate.weight' (expected shape [8, 32])"));
+  // All dense over a checkpoint with experts in layer 1: the dense MLP's tensor is missing.
   edit_config(tmp.path(), [](nlohmann::json& j) {
     j.erase("mlp_layer_types");
     j["first_k_dense_replace"] = 2;
   });
-  CHECK(load_error(tmp.path()) == "(no error)");
+  e = load_error(tmp.path());
+  CHECK(contains(e, "missing tensor 'model.layers.1.block_sparse_moe.gate_proj.weight' (expected shape [64, 32])"));
 }
 
 TEST_CASE("kimi_linear config: layer lists are checked against each other and the layer count") {
   check_rejected(set("mlp_layer_types", {"dense", "dense", "dense"}),
                  "mlp_layer_types has 3 entries, expected num_hidden_layers = 2");
   check_rejected(set("mlp_layer_types", {"dense", "moe"}), "mlp_layer_types[1] is \"moe\", expected \"dense\" or \"sparse\"");
-  check_rejected(set("first_k_dense_replace", 1),
-                 "config key \"first_k_dense_replace\" is 1, which disagrees with mlp_layer_types");
+  check_rejected(set("first_k_dense_replace", 2),
+                 "config key \"first_k_dense_replace\" is 2, which disagrees with mlp_layer_types");
   check_rejected(set("first_k_dense_replace", -1), "config key \"first_k_dense_replace\" is -1, expected >= 0");
   check_rejected(set("layer_types", {"linear_attention"}), "layer_types has 1 entries, expected num_hidden_layers = 2");
   check_rejected(set("layer_types", {"linear_attention", "mamba"}),
@@ -178,12 +329,26 @@ TEST_CASE("kimi_linear weights: transformers' in-memory spelling loads to the sa
     t[a + "forget_gate." + name] = t.at(a + name);
     t.erase(a + name);
   }
-  for (int layer = 0; layer < 2; ++layer)
-    for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
-      const std::string from = fmt::format("model.layers.{}.block_sparse_moe.{}.weight", layer, proj);
-      t[fmt::format("model.layers.{}.mlp.{}.weight", layer, proj)] = t.at(from);
-      t.erase(from);
+  // Every block_sparse_moe tensor renamed mlp (layer 0's dense MLP, layer 1's router and shared
+  // experts), then layer 1's experts fused as transformers holds them: gate_up_proj [E, 2I, H] (w1
+  // rows, then w3 rows, per expert) and down_proj [E, H, I].
+  const std::string published = "block_sparse_moe.";
+  for (const auto& [name, tensor] : RawTensors(t))
+    if (const auto at = name.find(published); at != std::string::npos) {
+      t[name.substr(0, at) + "mlp." + name.substr(at + published.size())] = tensor;
+      t.erase(name);
     }
+  const std::string experts = "model.layers.1.mlp.experts.";
+  RawTensor gate_up{"BF16", {8, 32, 32}, ""}, down{"BF16", {8, 32, 16}, ""};
+  for (int x = 0; x < 8; ++x) {
+    for (const char* w : {"w1", "w3", "w2"}) {
+      const std::string name = fmt::format("{}{}.{}.weight", experts, x, w);
+      (std::string(w) == "w2" ? down : gate_up).bytes += t.at(name).bytes;
+      t.erase(name);
+    }
+  }
+  t[experts + "gate_up_proj"] = gate_up;
+  t[experts + "down_proj"] = down;
   write_safetensors_raw(st, t);
   const Mat got = log_probs(CausalLM::load(tmp.str()), tokens);
   CHECK((got.array() == ref.array()).all());
@@ -202,11 +367,71 @@ TEST_CASE("kimi_linear weights: transformers' in-memory spelling loads to the sa
   e = load_error(tmp.path());
   CHECK(contains(e, "'model.layers.0.self_attn.conv1d.weight' and 'model.layers.0.self_attn.k_conv1d.weight' are "
                     "both present"));
-  both = t;
-  both["model.layers.1.block_sparse_moe.down_proj.weight"] = t.at("model.layers.1.mlp.down_proj.weight");
-  write_safetensors_raw(st, both);
-  CHECK(contains(load_error(tmp.path()), "layer 1 has both 'model.layers.1.block_sparse_moe.*' and "
-                                         "'model.layers.1.mlp.*' tensors"));
+  // Both prefixes for one MLP: the dense layer's down_proj, the MoE layer's router.
+  for (const auto& [layer, probe] : {std::pair<int, const char*>{0, "down_proj.weight"}, {1, "gate.weight"}}) {
+    CAPTURE(layer);
+    both = t;
+    both[fmt::format("model.layers.{}.block_sparse_moe.{}", layer, probe)] =
+        t.at(fmt::format("model.layers.{}.mlp.{}", layer, probe));
+    write_safetensors_raw(st, both);
+    CHECK(contains(load_error(tmp.path()), fmt::format("layer {} has both 'model.layers.{}.block_sparse_moe.*' and "
+                                                       "'model.layers.{}.mlp.*' tensors",
+                                                       layer, layer, layer)));
+  }
+}
+
+TEST_CASE("kimi_linear weights: missing or misshapen MoE tensors are named with the expected shape") {
+  TempDir tmp;
+  copy_model(kGolden, tmp.path());
+  const fs::path st = tmp.path() / "model.safetensors";
+  const RawTensors orig = read_safetensors_raw(st);
+  const std::string m = "model.layers.1.block_sparse_moe.";
+  for (const auto& [name, shape] :
+       {std::pair<std::string, std::string>{"experts.5.w3.weight", "[16, 32]"}, {"experts.7.w2.weight", "[32, 16]"},
+        {"experts.0.w1.weight", "[16, 32]"}, {"gate.weight", "[8, 32]"}, {"gate.e_score_correction_bias", "[8]"},
+        {"shared_experts.up_proj.weight", "[16, 32]"}}) {
+    CAPTURE(name);
+    RawTensors t = orig;
+    t.erase(m + name);
+    write_safetensors_raw(st, t);
+    std::string e = load_error(tmp.path());
+    CHECK(contains(e, st.string()));
+    CHECK(contains(e, fmt::format("missing tensor '{}{}' (expected shape {})", m, name, shape)));
+    // The same tensor with one row too few.
+    t = orig;
+    RawTensor& r = t[m + name];
+    r.bytes.resize(r.bytes.size() - r.bytes.size() / static_cast<std::size_t>(r.shape[0]));
+    r.shape[0] -= 1;
+    write_safetensors_raw(st, t);
+    e = load_error(tmp.path());
+    CHECK(contains(e, m + name));
+    CHECK(contains(e, shape));
+  }
+  // Two shared experts make one MLP twice as wide: the checkpoint's single one no longer fits.
+  write_safetensors_raw(st, orig);
+  edit_config(tmp.path(), set("num_shared_experts", 2));
+  const std::string e = load_error(tmp.path());
+  CHECK(contains(e, m + "shared_experts.gate_proj.weight"));
+  CHECK(contains(e, "[32, 32]"));
+  // An expert past num_experts is an extra tensor, refused rather than ignored.
+  copy_model(kGolden, tmp.path());
+  RawTensors t = orig;
+  t[m + "experts.8.w1.weight"] = orig.at(m + "experts.0.w1.weight");
+  write_safetensors_raw(st, t);
+  CHECK(contains(load_error(tmp.path()), m + "experts.8.w1.weight"));
+}
+
+TEST_CASE("kimi_linear golden: routing spreads over every expert of its MoE layer") {
+  const nlohmann::json meta = read_json_file(golden_dir(kGolden) + "/golden.json");
+  REQUIRE(meta.contains("routing"));
+  const auto counts = meta["routing"]["counts"]["model.layers.1.mlp.gate"].get<std::vector<int64_t>>();
+  REQUIRE(counts.size() == 8);
+  int64_t total = 0;
+  for (const int64_t c : counts) {
+    CHECK(c > 0);
+    total += c;
+  }
+  CHECK(total == 320 * 2);  // N tokens x top 2
 }
 
 TEST_CASE("kimi_linear weights: missing or misshapen KDA tensors are named") {

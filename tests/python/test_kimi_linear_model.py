@@ -1,7 +1,8 @@
 """Kimi Linear through the CLI on the golden kimi_linear_tiny (made by scripts/make_goldens.py with
 transformers' KimiLinearForCausalLM): `replayssm info` shows the KDA and latent-attention shapes,
-`replayssm logits` gives transformers' FP32 log-probabilities, a short `kl-sweep` runs, and a
-config with MoE layers is refused with exit code 2, naming the file and the key."""
+`replayssm logits` gives transformers' FP32 log-probabilities (its layer 1 MLP is a mixture of
+experts), a short `kl-sweep` runs, and bad MoE fields are refused with exit code 2, naming the file
+and the key."""
 import json
 import random
 import shutil
@@ -32,7 +33,7 @@ def text_dir(tmp_path):
     return d
 
 
-def test_info_shows_kda_and_latent_attention():
+def test_info_shows_kda_latent_attention_and_moe():
     meta = json.loads((MODEL / "golden.json").read_text())
     r = run("info", MODEL)
     assert r.returncode == 0, r.stderr
@@ -40,9 +41,27 @@ def test_info_shows_kda_and_latent_attention():
                  "KDA            1 layers: heads 1 (each its own key head), dk = dv = 128, conv kernel 4",
                  "multi-head latent attention, heads 2, q_lora_rank none, kv_lora_rank 16, qk nope/rope head dims "
                  "16/8 (no positional encoding), v_head_dim 16",
-                 "MLP            2 blocks: intermediate 64, SwiGLU", "separate (lm_head.weight)",
+                 "every layer also has an MLP, a mixture of experts in layer 1",
+                 "MLP            1 blocks: intermediate 64, SwiGLU",
+                 "MoE            1 layers: 8 experts, top 2 from the 2 best of 4 groups, sigmoid scores + correction "
+                 "bias, renormalised, scaled by 2.446, experts SwiGLU intermediate 16, shared expert intermediate 16",
+                 "separate (lm_head.weight)",
                  f"parameters     {meta['parameters']}"]:
         assert want in r.stdout, (want, r.stdout)
+
+
+def test_checkpoint_holds_the_reference_values():
+    """transformers reading the BF16 checkpoint back gives the golden log-probs bit for bit: every
+    value the reference forward used (the router's correction bias included) is the stored one."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.KimiLinearForCausalLM.from_pretrained(MODEL, dtype=torch.float32,
+                                                               attn_implementation="eager").eval()
+    tokens = torch.from_numpy(np.load(MODEL / "tokens.npy"))[None]
+    with torch.no_grad():
+        logits = model(input_ids=tokens, use_cache=False).logits[0]
+    lp = torch.log_softmax(logits.double(), dim=-1).float().numpy()
+    assert (lp == np.load(MODEL / "logprobs.npy")).all()
 
 
 def test_logits_match_transformers_and_policies_change_them(tmp_path):
@@ -73,16 +92,22 @@ def test_short_kl_sweep_runs(tmp_path, text_dir):
         assert np.isfinite(lossy).all() and (lossy >= 0).all() and lossy.max() > 0
 
 
-def test_moe_layers_are_refused(tmp_path):
+@pytest.mark.parametrize("key,value,expected", [
+    ("num_experts_per_token", 9, 'config key "num_experts_per_token" is 9, expected at most num_experts = 8'),
+    ("num_expert_group", 3, 'config key "num_expert_group" is 3, expected a divisor of num_experts = 8'),
+    ("topk_group", 5, 'config key "topk_group" is 5, expected at most num_expert_group = 4'),
+    ("routed_scaling_factor", 0, 'config key "routed_scaling_factor" is 0, expected a finite number in (0, 1e6]'),
+    ("num_local_experts", 16, 'config keys "num_experts" (8) and "num_local_experts" (16) name the same field'),
+])
+def test_bad_moe_fields_are_refused(tmp_path, key, value, expected):
     d = tmp_path / "moe"
     d.mkdir()
     for f in ("config.json", "model.safetensors"):
         shutil.copy(MODEL / f, d / f)
     cfg = json.loads((d / "config.json").read_text())
-    cfg["mlp_layer_types"] = ["dense", "sparse"]
+    cfg[key] = value
     (d / "config.json").write_text(json.dumps(cfg))
     r = run("info", d)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert str(d / "config.json") in r.stderr
-    assert "Kimi Linear MoE layers: not supported yet (dense layers only)" in r.stderr
-    assert "config key \"mlp_layer_types\"" in r.stderr
+    assert expected in r.stderr, r.stderr
