@@ -66,6 +66,8 @@ StoredMatrix WeightLoader::stored_matrix(const std::string& name, int rows, int 
   m.cols_ = cols;
   if (quantized_ && quantized_->holds(name)) {
     quantized_->dequantize(name, rows, cols, true);  // validates codes and scales, records it for `info`
+    const TensorStore::Stored s = *store_.stored(name);
+    s.file->release_pages(*s.info);  // scanned for NaN codes: resident again only when the forward reads it
     m.quantization_ = quantization_;
     m.stored_bytes_ = quantized_->dequantized().back().stored_bytes;
     const WeightQuantization& q = *quantization_;
@@ -80,6 +82,7 @@ StoredMatrix WeightLoader::stored_matrix(const std::string& name, int rows, int 
     m.file_ = s.file;
     m.info_ = s.info;
     m.stored_bytes_ = s.info->end - s.info->begin;
+    s.file->release_pages(*s.info);  // scanned for NaN and Inf: resident again only when the forward reads it
   }
   stored_bytes_ += m.stored_bytes_;
   return m;
@@ -96,6 +99,7 @@ std::vector<StoredMatrix> WeightLoader::stored_stack(const std::string& name, in
   stored_parameters_ += per * static_cast<std::size_t>(n);
   store_.check(name, {n, rows, cols});
   const TensorStore::Stored s = *store_.stored(name);
+  s.file->release_pages(*s.info);
   stored_bytes_ += s.info->end - s.info->begin;
   std::vector<StoredMatrix> out(static_cast<std::size_t>(n));
   for (int e = 0; e < n; ++e) {

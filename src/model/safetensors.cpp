@@ -173,6 +173,13 @@ void SafetensorsFile::release_pages() const {
     fail(path_, fmt::format("cannot release the mapped pages: {}", std::strerror(errno)));
 }
 
+void SafetensorsFile::release_pages(const TensorInfo& t) const {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t begin = (data_start_ + t.begin) / page * page, end = data_start_ + t.end;
+  if (end > begin && ::madvise(const_cast<uint8_t*>(map_) + begin, end - begin, MADV_DONTNEED) != 0)
+    fail(path_, fmt::format("cannot release the mapped pages of tensor '{}': {}", t.name, std::strerror(errno)));
+}
+
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;

@@ -56,6 +56,8 @@ class SafetensorsFile {
   // Drops the pages read so far from this process's resident set (they stay in the page cache
   // and are read again when touched): after loading, only what the forward touches is resident.
   void release_pages() const;
+  // The same for the pages holding one tensor's bytes (and the partial pages at its ends).
+  void release_pages(const TensorInfo& t) const;
 
  private:
   std::string path_;
