@@ -47,7 +47,8 @@ CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
   m.dir_ = model_dir;
   m.config_ = ModelConfig::load(model_dir);
   const ModelConfig& c = m.config_;
-  TensorStore store(model_dir);
+  m.checkpoint_ = std::make_shared<TensorStore>(model_dir);
+  TensorStore& store = *m.checkpoint_;
   const WeightQuantization quantization = WeightQuantization::load(model_dir);
   std::unique_ptr<QuantizedWeightReader> quantized;
   if (quantization.format) quantized = std::make_unique<QuantizedWeightReader>(store, quantization);
@@ -160,6 +161,12 @@ CausalLM CausalLM::build(const std::string& model_dir, bool shapes_only) {
   if (quantized) quantized->finish();
   store.check_all_used(fmt::format("{} ({})", to_string(c.arch), c.source));
   m.parameters_ = w.parameter_count();
+  m.stored_parameters_ = w.stored_parameter_count();
+  m.stored_bytes_ = w.stored_bytes();
+  m.stored_scratch_floats_ = w.stored_scratch_floats();
+  // The load read every tensor (values, NaN/Inf scans): from here on only what the forward reads
+  // (expert matrices) is resident.
+  store.release_pages();
   m.runnable_ = !shapes_only;
   m.non_finite_ = store.non_finite();
   if (quantized) {
@@ -177,7 +184,7 @@ std::vector<LayerInfo> CausalLM::layers() const {
   return out;
 }
 
-std::string CausalLM::describe() const {
+std::string CausalLM::describe(const std::vector<int64_t>& lengths, int threads) const {
   const ModelConfig& c = config_;
   std::ostringstream o;
   o << fmt::format("model          {}\n", dir_);
@@ -256,7 +263,7 @@ std::string CausalLM::describe() const {
   }
   o << fmt::format("parameters     {}\n", parameters_);
   o << quantization_summary_;
-  o << memory_description();
+  o << memory_description(lengths, resolve_threads(threads));
   if (!non_finite_.empty()) {
     o << fmt::format("non-finite     {} {} NaN or Inf (loaded as stored):\n", non_finite_.size(),
                      non_finite_.size() == 1 ? "tensor holds" : "tensors hold");
@@ -271,10 +278,14 @@ constexpr int64_t kPositionChunk = 2048;  // rows of a position-wise block (MLP,
 constexpr int64_t kLmHeadRows = 256;      // ForwardOptions::chunk_positions' default
 }  // namespace
 
-CausalLM::MemoryEstimate CausalLM::forward_memory(int64_t n) const {
+CausalLM::MemoryEstimate CausalLM::forward_memory(int64_t n, int threads) const {
+  if (n < 0 || threads < 1)
+    throw std::invalid_argument(
+        fmt::format("forward_memory: {} positions, {} threads (expected >= 0 and >= 1)", n, threads));
   const ModelConfig& c = config_;
   MemoryEstimate m;
-  m.weight_bytes = 4 * static_cast<int64_t>(parameters_);
+  m.weight_bytes = 4 * static_cast<int64_t>(parameters_ - stored_parameters_);
+  m.mapped_expert_bytes = static_cast<int64_t>(stored_bytes_);
   // Per position, the widest token mixer: its projections, its output before out_proj and every
   // head group's copy of q, k, v, gates and outputs handed to the sequence emulator.
   for (const LayerKind k : c.layers) {
@@ -299,6 +310,11 @@ CausalLM::MemoryEstimate CausalLM::forward_memory(int64_t n) const {
   if (c.moe_layer_count()) block = std::max(block, MixtureOfExperts::activation_floats(c.moe, c.hidden_size, rows));
   if (c.mlp.intermediate_size) block = std::max(block, rows * (2 * int64_t{c.mlp.intermediate_size} + c.hidden_size));
   m.position_block_width = rows ? block / rows : 0;
+  if (c.moe_layer_count() && rows) {
+    m.expert_workers = MixtureOfExperts::workers(c.moe, rows, threads);
+    m.expert_worker_floats = MixtureOfExperts::worker_floats(c.moe, c.hidden_size, rows) + stored_scratch_floats_;
+    m.expert_working_bytes = 4 * m.expert_workers * m.expert_worker_floats;
+  }
   // Residual stream, normalised input and block output (3 x N x hidden), the widest mixer, the
   // widest position-wise block, and one LM-head chunk of logits.
   m.activation_bytes =
@@ -306,24 +322,40 @@ CausalLM::MemoryEstimate CausalLM::forward_memory(int64_t n) const {
   return m;
 }
 
-std::string CausalLM::memory_description() const {
+std::string CausalLM::memory_description(const std::vector<int64_t>& lengths, int threads) const {
   const auto size = [](int64_t b) {
     const double mib = static_cast<double>(b) / (1024.0 * 1024.0);
     return mib < 1024.0 ? fmt::format("{:.2f} MiB", mib) : fmt::format("{:.2f} GiB", mib / 1024.0);
   };
-  const MemoryEstimate m0 = forward_memory(0);
+  const MemoryEstimate m0 = forward_memory(0, threads), block = forward_memory(kPositionChunk, threads);
   std::ostringstream o;
-  o << fmt::format("memory         weights {} (4 B x {} parameters, float32, each tensor held once)\n",
-                   size(m0.weight_bytes), parameters_);
+  if (stored_parameters_ == 0) {
+    o << fmt::format("memory         weights {} (4 B x {} parameters, float32, each tensor held once)\n",
+                     size(m0.weight_bytes), parameters_);
+  } else {
+    o << fmt::format("memory         weights {} (4 B x {} parameters, float32, each tensor held once: all but the "
+                     "experts') + experts {} ({} parameters as stored, read from the memory-mapped checkpoint)\n",
+                     size(m0.weight_bytes), parameters_ - stored_parameters_, size(m0.mapped_expert_bytes),
+                     stored_parameters_);
+    o << fmt::format("               experts are converted to float32 when the forward reaches them: {} floats per "
+                     "worker thread running an expert (its matrices and one block of 128 rows{}), at most min(threads = "
+                     "{}, experts = {}, top_k x rows) at once\n",
+                     block.expert_worker_floats,
+                     stored_scratch_floats_ ? fmt::format(", {} floats of dequantization scales", stored_scratch_floats_)
+                                            : std::string(),
+                     threads, config_.moe.router.n_experts);
+  }
   o << fmt::format(
-      "               forward of one policy over N positions ~ weights + 4 B x (N x (3 x hidden + W) + B + "
+      "               forward of one policy over N positions ~ weights{} + 4 B x (N x (3 x hidden + W) + B + "
       "min(N, {}) x vocab), W = {} floats (widest token mixer per position), B = the widest position-wise block "
       "on min(N, {}) rows ({} floats per row); + 4 B x N x hidden per further policy\n",
-      kLmHeadRows, m0.mixer_width, kPositionChunk, forward_memory(kPositionChunk).position_block_width);
-  for (const int64_t n : {int64_t{4096}, int64_t{32768}, int64_t{131072}}) {
-    const MemoryEstimate m = forward_memory(n);
-    o << fmt::format("               N = {:>6}: {} ({} activations)\n", n, size(m.weight_bytes + m.activation_bytes),
-                     size(m.activation_bytes));
+      stored_parameters_ ? " + experts + the experts' working set" : "", kLmHeadRows, m0.mixer_width, kPositionChunk,
+      block.position_block_width);
+  for (const int64_t n : lengths) {
+    const MemoryEstimate m = forward_memory(n, threads);
+    o << fmt::format("               N = {:>6}: {} ({} activations{})\n", n, size(m.total()), size(m.activation_bytes),
+                     stored_parameters_ ? fmt::format(", {} experts' working set", size(m.expert_working_bytes))
+                                        : std::string());
   }
   return o.str();
 }

@@ -96,16 +96,27 @@ class CausalLM {
   // Weight matrices that were stored quantized (FP8 block-scaled, NVFP4) and dequantized to FP32.
   const std::vector<DequantizedWeight>& dequantized_weights() const { return dequantized_; }
   // Human-readable summary (architecture, pattern, SSM head shapes, parameter count, the
-  // quantized weights and what they were dequantized to, and the tensors holding NaN or Inf, if any).
-  std::string describe() const;
-  // Memory the forward of one policy over `positions` tokens needs, in bytes: the float32 weights
-  // (4 B x parameters, each tensor held once) plus the largest activation buffers alive at once
-  // (the formula is printed by describe()). Computed from the config alone: valid after inspect().
+  // quantized weights and what they were dequantized to, the tensors holding NaN or Inf, if any,
+  // and forward_memory() at each of `lengths` positions with `threads` worker threads, 0: all
+  // hardware threads).
+  std::string describe(const std::vector<int64_t>& lengths = {4096, 32768, 131072}, int threads = 0) const;
+  // Memory the forward of one policy over `positions` tokens with `threads` (resolved, >= 1)
+  // worker threads needs, in bytes (the formula is printed by describe()): the float32 weights
+  // (4 B x parameters, each tensor held once) but the experts', the expert tensors as stored in
+  // the mapped checkpoint files, the experts converted to float32 at once (one per worker thread
+  // running an expert, with its block products and any dequantization scratch), and the largest
+  // activation buffers alive at once. Computed from the config and the checkpoint's headers
+  // alone: valid after inspect().
   struct MemoryEstimate {
-    int64_t weight_bytes = 0, activation_bytes = 0;
+    int64_t weight_bytes = 0;          // float32 tensors held: every one but the experts'
+    int64_t mapped_expert_bytes = 0;   // expert tensors as stored, read in place from the mapping
+    int64_t expert_working_bytes = 0;  // experts as float32 at once: workers x per-worker floats x 4
+    int64_t activation_bytes = 0;
+    int64_t expert_workers = 0, expert_worker_floats = 0;
     int64_t mixer_width = 0, position_block_width = 0;  // floats per position (see describe())
+    int64_t total() const { return weight_bytes + mapped_expert_bytes + expert_working_bytes + activation_bytes; }
   };
-  MemoryEstimate forward_memory(int64_t positions) const;
+  MemoryEstimate forward_memory(int64_t positions, int threads = 1) const;
 
   // Teacher-forced forward of `tokens` under each variant (one pass per variant through the
   // layers, then one shared LM-head pass), streaming logits or log-probs in position chunks.
@@ -124,7 +135,7 @@ class CausalLM {
  private:
   CausalLM() = default;
   static CausalLM build(const std::string& model_dir, bool shapes_only);
-  std::string memory_description() const;
+  std::string memory_description(const std::vector<int64_t>& lengths, int threads) const;
 
   struct Layer {
     LayerKind kind;
@@ -135,8 +146,14 @@ class CausalLM {
   };
   ModelConfig config_;
   std::string dir_;
+  // The mapped checkpoint: expert matrices are read from it during the forward (declared before
+  // layers_, so it outlives them).
+  std::shared_ptr<TensorStore> checkpoint_;
   bool runnable_ = false;
   std::size_t parameters_ = 0;
+  std::size_t stored_parameters_ = 0;  // expert matrices left in the checkpoint
+  uint64_t stored_bytes_ = 0;          // their bytes as stored
+  int64_t stored_scratch_floats_ = 0;  // largest dequantization scratch of one of them
   Mat embed_;    // vocab x hidden
   Mat lm_head_;  // vocab x hidden (empty when tied: embed_ is used)
   Vec final_norm_;

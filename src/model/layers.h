@@ -6,6 +6,7 @@
 // rounding streams do not depend on the thread count).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,13 +19,43 @@
 
 namespace replayssm::model {
 
+// A weight matrix left in the memory-mapped checkpoint (expert weights, model/moe.h): the loader
+// checks its shape and dtype (or its quantized codes and scales) when the model loads; fetch()
+// converts it to float32 each time it is needed. Its TensorStore must outlive it.
+class StoredMatrix {
+ public:
+  int rows() const { return rows_; }
+  int cols() const { return cols_; }
+  // Bytes of the checkpoint it reads (a quantized matrix: its codes and scales).
+  uint64_t stored_bytes() const { return stored_bytes_; }
+  // Rows [row0, row0 + rows) of this matrix (a fused gate_up tensor's halves); float storage only.
+  StoredMatrix row_slice(int row0, int rows) const;
+  // The float32 values, row-major, into `out` (resized to rows x cols): the values
+  // WeightLoader::matrix() reads, bit for bit. Several threads may fetch at once.
+  void fetch(std::vector<float>& out) const;
+
+ private:
+  friend class WeightLoader;
+  TensorStore* store_ = nullptr;
+  const SafetensorsFile* file_ = nullptr;
+  const TensorInfo* info_ = nullptr;
+  uint64_t first_ = 0;  // first element inside the stored tensor (an expert of a fused tensor)
+  std::string name_;
+  std::shared_ptr<const WeightQuantization> quantization_;  // set: stored quantized
+  int rows_ = 0, cols_ = 0;
+  uint64_t stored_bytes_ = 0;
+};
+
 // Reads float32 weights with checked shapes; counts parameters. With `shapes_only` nothing is
 // read (the matrices stay empty) but presence and shapes are still validated. With a
 // QuantizedWeightReader (a quantized checkpoint), matrices stored quantized are dequantized.
 class WeightLoader {
  public:
   WeightLoader(TensorStore& store, bool shapes_only, QuantizedWeightReader* quantized = nullptr)
-      : store_(store), shapes_only_(shapes_only), quantized_(quantized) {}
+      : store_(store),
+        shapes_only_(shapes_only),
+        quantized_(quantized),
+        quantization_(quantized ? std::make_shared<const WeightQuantization>(quantized->quantization()) : nullptr) {}
   Mat matrix(const std::string& name, int rows, int cols);
   Vec vector(const std::string& name, int n);
   // torch Conv1d depthwise weight [channels, 1, k] -> channels x k.
@@ -32,9 +63,20 @@ class WeightLoader {
   // A tensor of any shape (e.g. [1, 1, heads, 1]), its values in storage order.
   Vec flat(const std::string& name, const std::vector<int64_t>& shape);
   Linear linear(const std::string& prefix, int out, int in, bool bias);
-  // The tensor's float32 values as read (row-major, `shape` checked), handed over without a copy:
-  // for tensors held as they are (expert weights, see model/moe.h). Empty with shapes_only.
+  // The tensor's float32 values as read (row-major, `shape` checked), handed over without a copy.
+  // Empty with shapes_only.
   std::vector<float> values(const std::string& name, const std::vector<int64_t>& shape);
+  // The rows x cols matrix `name`, checked now (presence, shape, dtype; quantized: codes and
+  // scales) and read later (StoredMatrix::fetch).
+  StoredMatrix stored_matrix(const std::string& name, int rows, int cols);
+  // The matrices of a fused float tensor [n, rows, cols] (checked now), one per leading index.
+  std::vector<StoredMatrix> stored_stack(const std::string& name, int n, int rows, int cols);
+  // Parameters and checkpoint bytes of the matrices left stored (included in parameter_count()).
+  std::size_t stored_parameter_count() const { return stored_parameters_; }
+  uint64_t stored_bytes() const { return stored_bytes_; }
+  // Largest float32 scratch a fetch of a stored quantized matrix takes besides the matrix (its
+  // block scales as float32); 0 when none is stored quantized.
+  int64_t stored_scratch_floats() const { return stored_scratch_floats_; }
   bool shapes_only() const { return shapes_only_; }
   bool contains(const std::string& name) const { return store_.contains(name); }
   std::string files_description() const { return store_.files_description(); }  // for messages
@@ -44,7 +86,10 @@ class WeightLoader {
   TensorStore& store_;
   bool shapes_only_;
   QuantizedWeightReader* quantized_;
-  std::size_t parameters_ = 0;
+  std::shared_ptr<const WeightQuantization> quantization_;  // quantized_'s, for stored matrices
+  std::size_t parameters_ = 0, stored_parameters_ = 0;
+  uint64_t stored_bytes_ = 0;
+  int64_t stored_scratch_floats_ = 0;
 };
 
 struct LayerContext {

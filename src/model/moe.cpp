@@ -90,19 +90,10 @@ Routing route(const Mat& logits, const RouterSpec& r, const Vec& bias) {
   return out;
 }
 
-ExpertMatrices::ExpertMatrices(std::vector<std::vector<float>> per_expert, int rows, int cols)
-    : rows_(rows), cols_(cols) {
-  for (auto& m : per_expert) {
-    storage_.push_back(std::make_shared<const std::vector<float>>(std::move(m)));
-    ptr_.push_back(storage_.back()->data());
-  }
-}
-
-ExpertMatrices::ExpertMatrices(std::shared_ptr<const std::vector<float>> fused, int n_experts, int rows, int cols,
-                               std::size_t stride, std::size_t offset)
-    : rows_(rows), cols_(cols) {
-  for (int e = 0; e < n_experts; ++e) ptr_.push_back(fused->data() + static_cast<std::size_t>(e) * stride + offset);
-  storage_.push_back(std::move(fused));
+Eigen::Map<const Mat> ExpertMatrices::fetch(int e, std::vector<float>& buffer) const {
+  const StoredMatrix& m = m_[static_cast<std::size_t>(e)];
+  m.fetch(buffer);
+  return {buffer.data(), m.rows(), m.cols()};
 }
 
 namespace {
@@ -119,31 +110,30 @@ ExpertTensors load_experts(WeightLoader& w, const std::string& p, const MoeShape
   ExpertTensors t;
   if (!w.contains(fmt::format("{}.experts.0.{}.weight", p, s.expert_up_name)) && w.contains(fused_up)) {
     const int up_rows = swiglu ? 2 * inter : inter;
-    auto up = std::make_shared<const std::vector<float>>(w.values(fused_up, {n, up_rows, in}));
-    auto down = std::make_shared<const std::vector<float>>(w.values(p + ".experts.down_proj", {n, in, inter}));
-    if (w.shapes_only()) return t;
-    const std::size_t up_stride = static_cast<std::size_t>(up_rows) * in;
-    if (swiglu) {
-      t.gate = ExpertMatrices(up, n, inter, in, up_stride, 0);
-      t.up = ExpertMatrices(up, n, inter, in, up_stride, static_cast<std::size_t>(inter) * in);
-    } else {
-      t.up = ExpertMatrices(up, n, inter, in, up_stride, 0);
+    std::vector<StoredMatrix> up = w.stored_stack(fused_up, n, up_rows, in);
+    t.down = ExpertMatrices(w.stored_stack(p + ".experts.down_proj", n, in, inter));
+    if (swiglu) {  // gate rows first, then up rows
+      std::vector<StoredMatrix> gate;
+      for (StoredMatrix& m : up) {
+        gate.push_back(m.row_slice(0, inter));
+        m = m.row_slice(inter, inter);
+      }
+      t.gate = ExpertMatrices(std::move(gate));
     }
-    t.down = ExpertMatrices(down, n, in, inter, static_cast<std::size_t>(in) * inter, 0);
+    t.up = ExpertMatrices(std::move(up));
     return t;
   }
   // Per-expert tensors (the layout of published checkpoints); a missing one is named by the loader.
-  std::vector<std::vector<float>> gate, up, down;
+  std::vector<StoredMatrix> gate, up, down;
   for (int e = 0; e < n; ++e) {
     const std::string q = fmt::format("{}.experts.{}.", p, e);
-    if (swiglu) gate.push_back(w.values(q + s.expert_gate_name + ".weight", {inter, in}));
-    up.push_back(w.values(q + s.expert_up_name + ".weight", {inter, in}));
-    down.push_back(w.values(q + s.expert_down_name + ".weight", {in, inter}));
+    if (swiglu) gate.push_back(w.stored_matrix(q + s.expert_gate_name + ".weight", inter, in));
+    up.push_back(w.stored_matrix(q + s.expert_up_name + ".weight", inter, in));
+    down.push_back(w.stored_matrix(q + s.expert_down_name + ".weight", in, inter));
   }
-  if (w.shapes_only()) return t;
-  if (swiglu) t.gate = ExpertMatrices(std::move(gate), inter, in);
-  t.up = ExpertMatrices(std::move(up), inter, in);
-  t.down = ExpertMatrices(std::move(down), in, inter);
+  if (swiglu) t.gate = ExpertMatrices(std::move(gate));
+  t.up = ExpertMatrices(std::move(up));
+  t.down = ExpertMatrices(std::move(down));
   return t;
 }
 
@@ -179,14 +169,26 @@ Routing MixtureOfExperts::route_rows(const Mat& x, int threads) const {
   return route(logits, s_.router, correction_bias_);
 }
 
+// Rows of one expert multiplied at once: fixed, so results do not depend on the thread count.
+constexpr int64_t kExpertRows = 128;
+
 int64_t MixtureOfExperts::activation_floats(const MoeShape& s, int hidden, int64_t rows) {
   const int64_t k = s.router.top_k, in = s.latent_size ? s.latent_size : hidden;
-  const int64_t block = std::min<int64_t>(rows, 128);  // rows of one expert task
   const int64_t router = rows * s.router.n_experts + 2 * rows * k;
   const int64_t experts = rows * k * in + (s.latent_size ? rows * in : 0) + rows * hidden;
-  const int64_t task = block * (in + 2 * int64_t{s.expert_intermediate} + in);
   const int64_t shared = s.shared_intermediate ? rows * (2 * int64_t{s.shared_intermediate} + hidden + 1) : 0;
-  return router + experts + task + shared;
+  return router + experts + shared;
+}
+
+int64_t MixtureOfExperts::worker_floats(const MoeShape& s, int hidden, int64_t rows) {
+  const int64_t in = s.latent_size ? s.latent_size : hidden, inter = s.expert_intermediate;
+  const int64_t matrices = (s.activation == ExpertActivation::swiglu ? 3 : 2) * inter * in;
+  const int64_t block = std::min(rows, kExpertRows);
+  return matrices + block * (2 * in + 2 * inter);  // rows in, up (and gate) products, rows out
+}
+
+int64_t MixtureOfExperts::workers(const MoeShape& s, int64_t rows, int threads) {
+  return std::min({int64_t{threads}, int64_t{s.router.n_experts}, rows * s.router.top_k});
 }
 
 void MixtureOfExperts::forward(const Mat& x, Mat& out, const LayerContext& ctx) const {
@@ -202,35 +204,37 @@ void MixtureOfExperts::forward(const Mat& x, Mat& out, const LayerContext& ctx) 
   std::vector<std::vector<int64_t>> slots(static_cast<std::size_t>(n_exp));
   for (int64_t slot = 0; slot < static_cast<int64_t>(routing.expert.size()); ++slot)
     slots[static_cast<std::size_t>(routing.expert[slot])].push_back(slot);
-  // Fixed tasks of up to kRows slots of one expert: the same work split for any thread count.
-  constexpr int64_t kRows = 128;
-  struct Task {
-    int expert;
-    int64_t begin, end;
-  };
-  std::vector<Task> tasks;
+  // One task per expert with rows: it converts the expert's matrices once into buffers of its own
+  // (released when it ends), then runs its slots in fixed blocks of kExpertRows, the same blocks
+  // for any thread count.
+  std::vector<int> tasks;
   for (int e = 0; e < n_exp; ++e)
-    for (int64_t b = 0; b < static_cast<int64_t>(slots[e].size()); b += kRows)
-      tasks.push_back({e, b, std::min<int64_t>(b + kRows, static_cast<int64_t>(slots[e].size()))});
+    if (!slots[static_cast<std::size_t>(e)].empty()) tasks.push_back(e);
 
   Mat contribution(n * k, in);  // each slot's weighted expert output
   parallel_for(static_cast<int>(tasks.size()), ctx.threads, [&](int ti) {
-    const Task& t = tasks[static_cast<std::size_t>(ti)];
-    const std::vector<int64_t>& s = slots[static_cast<std::size_t>(t.expert)];
-    const Eigen::Index rows = t.end - t.begin;
-    Mat xin(rows, in);
-    for (Eigen::Index i = 0; i < rows; ++i) xin.row(i) = z.row(s[t.begin + i] / k);
-    Mat h = xin * up_(t.expert).transpose();
-    if (s_.activation == ExpertActivation::swiglu) {
-      const Mat g = xin * gate_(t.expert).transpose();
-      h.array() *= g.array().unaryExpr([](float a) { return silu(a); });
-    } else {
-      h = h.array().max(0.0f).square().matrix();
-    }
-    const Mat y = h * down_(t.expert).transpose();
-    for (Eigen::Index i = 0; i < rows; ++i) {
-      const int64_t slot = s[t.begin + i];
-      contribution.row(slot) = y.row(i) * routing.weight[static_cast<std::size_t>(slot)];
+    const int expert = tasks[static_cast<std::size_t>(ti)];
+    const std::vector<int64_t>& s = slots[static_cast<std::size_t>(expert)];
+    std::vector<float> up_buffer, gate_buffer, down_buffer;
+    const Eigen::Map<const Mat> up = up_.fetch(expert, up_buffer), down = down_.fetch(expert, down_buffer);
+    const Eigen::Map<const Mat> gate =
+        gate_.empty() ? Eigen::Map<const Mat>(nullptr, 0, 0) : gate_.fetch(expert, gate_buffer);
+    for (int64_t begin = 0; begin < static_cast<int64_t>(s.size()); begin += kExpertRows) {
+      const Eigen::Index rows = std::min<int64_t>(kExpertRows, static_cast<int64_t>(s.size()) - begin);
+      Mat xin(rows, in);
+      for (Eigen::Index i = 0; i < rows; ++i) xin.row(i) = z.row(s[begin + i] / k);
+      Mat h = xin * up.transpose();
+      if (s_.activation == ExpertActivation::swiglu) {
+        const Mat g = xin * gate.transpose();
+        h.array() *= g.array().unaryExpr([](float a) { return silu(a); });
+      } else {
+        h = h.array().max(0.0f).square().matrix();
+      }
+      const Mat y = h * down.transpose();
+      for (Eigen::Index i = 0; i < rows; ++i) {
+        const int64_t slot = s[begin + i];
+        contribution.row(slot) = y.row(i) * routing.weight[static_cast<std::size_t>(slot)];
+      }
     }
   });
   // Each row: 0 + its experts' contributions in ascending expert order (the slots' order).

@@ -21,8 +21,10 @@
 //   and experts.down_proj [E, in, I]
 //   SHARED.{gate,up,down}_proj.weight (model/layers.h Mlp), shared_expert_gate.weight [1, H]
 //   fc1_latent_proj [latent, H], fc2_latent_proj [H, latent] (Nemotron-H with moe_latent_size)
-// Expert matrices are held as the float32 buffers the loader read, each expert's once (a fused
-// tensor is sliced in place, never copied out).
+// Expert matrices stay in the memory-mapped checkpoint (checked when the model loads): each
+// expert's are converted to float32 (or dequantized) when the forward reaches that expert, into
+// buffers of the worker thread that runs it and released after, so at most one expert per worker
+// thread is held as float32, never all of them.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -47,23 +49,19 @@ struct Routing {
 // empty. Ties in a top-k pick the lower index; NaN ranks above every number (torch.topk's order).
 Routing route(const Mat& logits, const RouterSpec& spec, const Vec& bias);
 
-// One weight matrix per expert (rows x cols each), viewed in the buffers read from the checkpoint.
+// One weight matrix per expert (rows x cols each), left in the checkpoint (model/layers.h StoredMatrix).
 class ExpertMatrices {
  public:
   ExpertMatrices() = default;
-  // Per-expert tensors: one buffer each, moved in.
-  ExpertMatrices(std::vector<std::vector<float>> per_expert, int rows, int cols);
-  // Views into a fused buffer: expert e's matrix starts at e * stride + offset floats.
-  ExpertMatrices(std::shared_ptr<const std::vector<float>> fused, int n_experts, int rows, int cols,
-                 std::size_t stride, std::size_t offset);
-  Eigen::Map<const Mat> operator()(int e) const { return {ptr_[static_cast<std::size_t>(e)], rows_, cols_}; }
-  int rows() const { return rows_; }
-  int cols() const { return cols_; }
+  explicit ExpertMatrices(std::vector<StoredMatrix> per_expert) : m_(std::move(per_expert)) {}
+  // Expert e's matrix converted to float32 into `buffer`, viewed in it.
+  Eigen::Map<const Mat> fetch(int e, std::vector<float>& buffer) const;
+  bool empty() const { return m_.empty(); }
+  // Floats of one expert's matrix (all experts have the same shape).
+  int64_t floats() const { return m_.empty() ? 0 : int64_t{m_[0].rows()} * m_[0].cols(); }
 
  private:
-  int rows_ = 0, cols_ = 0;
-  std::vector<std::shared_ptr<const std::vector<float>>> storage_;
-  std::vector<const float*> ptr_;
+  std::vector<StoredMatrix> m_;
 };
 
 class MixtureOfExperts final : public Block {
@@ -74,10 +72,15 @@ class MixtureOfExperts final : public Block {
   void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
   // The router's choice for the rows of x (for tests and the routing-spread checks).
   Routing route_rows(const Mat& x, int threads) const;
-  // Floats of the largest buffers forward() holds for `rows` positions at once (router logits,
-  // routing, the experts' per-slot outputs, the latent input, the shared expert), counted by
-  // MoeShape alone so `info` can state it without loading anything.
+  // Floats of the largest buffers forward() holds for `rows` positions at once, besides those of
+  // its worker threads (router logits, routing, the experts' per-slot outputs, the latent input,
+  // the shared expert), counted by MoeShape alone so `info` can state it without loading anything.
   static int64_t activation_floats(const MoeShape& s, int hidden, int64_t rows);
+  // Floats one worker thread holds while it runs an expert: the expert's matrices as float32 and
+  // the products of one block of at most 128 of its rows.
+  static int64_t worker_floats(const MoeShape& s, int hidden, int64_t rows);
+  // Worker threads running experts at once: min(threads, experts, rows x top_k).
+  static int64_t workers(const MoeShape& s, int64_t rows, int threads);
 
  private:
   MoeShape s_;

@@ -167,30 +167,52 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
 }
 
+void SafetensorsFile::release_pages() const {
+  // A read-only private mapping that was never written: MADV_DONTNEED only unmaps the pages.
+  if (::madvise(const_cast<uint8_t*>(map_), map_size_, MADV_DONTNEED) != 0)
+    fail(path_, fmt::format("cannot release the mapped pages: {}", std::strerror(errno)));
+}
+
+void SafetensorsFile::release_pages(const TensorInfo& t) const {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t begin = (data_start_ + t.begin) / page * page, end = data_start_ + t.end;
+  if (end > begin && ::madvise(const_cast<uint8_t*>(map_) + begin, end - begin, MADV_DONTNEED) != 0)
+    fail(path_, fmt::format("cannot release the mapped pages of tensor '{}': {}", t.name, std::strerror(errno)));
+}
+
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
 std::vector<float> SafetensorsFile::read_float32(const TensorInfo& t) const {
-  const std::size_t n = static_cast<std::size_t>(t.element_count());
-  std::vector<float> out(n);
-  const uint8_t* p = map_ + data_start_ + t.begin;
+  std::vector<float> out(static_cast<std::size_t>(t.element_count()));
+  read_float32(t, 0, out.size(), out.data());
+  return out;
+}
+
+void SafetensorsFile::read_float32(const TensorInfo& t, uint64_t first, uint64_t count, float* out) const {
+  const uint64_t elements = static_cast<uint64_t>(t.element_count());
+  if (first > elements || count > elements - first)
+    throw std::logic_error(fmt::format("{}: tensor '{}': elements [{}, {} + {}) requested of {}", path_, t.name, first,
+                                       first, count, elements));
+  const std::size_t n = static_cast<std::size_t>(count);
   if (t.dtype == "F32") {
-    std::memcpy(out.data(), p, n * 4);
+    std::memcpy(out, map_ + data_start_ + t.begin + first * 4, n * 4);
   } else if (t.dtype == "BF16") {
+    const uint8_t* p = map_ + data_start_ + t.begin + first * 2;
     for (std::size_t i = 0; i < n; ++i) {
       const uint32_t bits = static_cast<uint32_t>(p[2 * i] | (p[2 * i + 1] << 8)) << 16;
       std::memcpy(&out[i], &bits, 4);
     }
   } else if (t.dtype == "F16") {
+    const uint8_t* p = map_ + data_start_ + t.begin + first * 2;
     for (std::size_t i = 0; i < n; ++i)
       out[i] =
           formats::decode_element(formats::ElementFormat::fp16, static_cast<uint32_t>(p[2 * i] | (p[2 * i + 1] << 8)));
   } else {
     fail(path_, fmt::format("tensor '{}' has dtype {}, expected F32, BF16 or F16", t.name, t.dtype));
   }
-  return out;
 }
 
 int64_t SafetensorsFile::count_non_finite(const TensorInfo& t) const {
@@ -296,6 +318,10 @@ const TensorStore::Entry* TensorStore::lookup(const std::string& name) const {
 
 bool TensorStore::contains(const std::string& name) const { return lookup(name) != nullptr; }
 
+void TensorStore::release_pages() const {
+  for (const auto& f : files_) f->release_pages();
+}
+
 std::string TensorStore::files_description() const {
   if (files_.size() == 1) return files_[0]->path();
   return fmt::format("{} ({} shards)", (std::filesystem::path(dir_) / "model.safetensors.index.json").string(),
@@ -317,6 +343,7 @@ std::optional<TensorStore::Stored> TensorStore::stored(const std::string& name) 
 void TensorStore::mark_used(const std::string& name) {
   const Entry* e = lookup(name);
   if (!e) throw std::logic_error(fmt::format("mark_used: missing tensor '{}'", name));
+  const std::lock_guard lock(used_mutex_);
   used_.insert(e->info->name);
 }
 
@@ -341,6 +368,7 @@ void TensorStore::check(const std::string& name, const std::vector<int64_t>& exp
             ? " (a quantized weight needs a quantization config: config.json's quantization_config or "
               "hf_quant_config.json, and is read only where the model expects a weight matrix)"
             : ""));
+  const std::lock_guard lock(used_mutex_);
   const bool first_check = used_.insert(e->info->name).second;
   if (const int64_t bad = first_check ? e->file->count_non_finite(*e->info) : 0)
     non_finite_.push_back(NonFiniteTensor{e->info->name, e->file->path(), bad, e->info->element_count()});

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -45,10 +46,18 @@ class SafetensorsFile {
   const TensorInfo* find(const std::string& name) const;
   // Float32 copy of a tensor (F32, BF16 or F16; other dtypes are an error naming the tensor).
   std::vector<float> read_float32(const TensorInfo& t) const;
+  // Elements [first, first + count) of the tensor (storage order) converted to float32 into `out`;
+  // the range must lie inside the tensor. Const and thread-safe: reads the mapping only.
+  void read_float32(const TensorInfo& t, uint64_t first, uint64_t count, float* out) const;
   // NaN and Inf elements of a float tensor (F32, BF16, F16), counted on the stored bits in place.
   int64_t count_non_finite(const TensorInfo& t) const;
   // The tensor's bytes as stored (t.end - t.begin of them).
   const uint8_t* bytes(const TensorInfo& t) const { return map_ + data_start_ + t.begin; }
+  // Drops the pages read so far from this process's resident set (they stay in the page cache
+  // and are read again when touched): after loading, only what the forward touches is resident.
+  void release_pages() const;
+  // The same for the pages holding one tensor's bytes (and the partial pages at its ends).
+  void release_pages(const TensorInfo& t) const;
 
  private:
   std::string path_;
@@ -102,6 +111,7 @@ class TensorStore {
     const TensorInfo* info;
   };
   std::optional<Stored> stored(const std::string& name) const;
+  // Thread-safe (lazily read weights are dequantized by several threads at once).
   void mark_used(const std::string& name);
   // Names of all stored tensors, as stored.
   std::vector<std::string> stored_names() const;
@@ -109,6 +119,8 @@ class TensorStore {
   void check_all_used(const std::string& what) const;
 
   const std::string& directory() const { return dir_; }
+  // SafetensorsFile::release_pages of every file.
+  void release_pages() const;
   // Files opened, for messages.
   std::string files_description() const;
   std::size_t tensor_count() const { return entries_.size(); }
@@ -126,6 +138,7 @@ class TensorStore {
   std::map<std::string, Entry> entries_;  // keyed by canonical (aliased) name
   std::vector<std::pair<std::string, std::string>> aliases_;
   std::vector<std::string> ignored_;
+  std::mutex used_mutex_;  // guards used_ and non_finite_
   std::set<std::string> used_;
   std::vector<NonFiniteTensor> non_finite_;
 };

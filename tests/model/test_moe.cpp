@@ -223,14 +223,16 @@ TEST_CASE("fused expert tensors (transformers' in-memory layout) load and give t
 TEST_CASE("info states the forward's memory: weights once plus the largest activations") {
   const CausalLM lm = CausalLM::inspect(golden_dir("qwen3_5_moe_tiny"));
   const auto m0 = lm.forward_memory(0), m1 = lm.forward_memory(1000), m2 = lm.forward_memory(2000);
-  CHECK(m0.weight_bytes == 4 * 58344);
+  // float32 golden: experts as stored (mapped) are 4 B per parameter too
+  CHECK(m0.weight_bytes + m0.mapped_expert_bytes == 4 * 58344);
   CHECK(m1.weight_bytes == m0.weight_bytes);
   CHECK(m1.activation_bytes > 4 * 1000 * 3 * 32);
   CHECK(m2.activation_bytes > m1.activation_bytes);
   // hidden 32: GDN mixer W = conv 272 + 2 x 16 + 2 x 2 + 2 x 128 + 2 x (2 + 16) = 600 floats
   CHECK(m1.mixer_width == 600);
   const std::string d = lm.describe();
-  CHECK(contains(d, "memory         weights 0.22 MiB (4 B x 58344 parameters"));
+  CHECK(contains(d, "memory         weights 0.15 MiB (4 B x 39912 parameters"));
+  CHECK(contains(d, "+ experts 0.07 MiB (18432 parameters as stored"));
   CHECK(contains(d, "N x (3 x hidden + W)"));
   CHECK(contains(d, "N = 131072"));
   CHECK(contains(d, "MoE            3 layers: 8 experts, top 3, softmax scores"));
