@@ -301,6 +301,17 @@ CausalLM::MemoryEstimate CausalLM::forward_memory(int64_t n, int threads) const 
     } else if (k == LayerKind::attention) {
       const AttentionShape& s = c.attention;
       w = int64_t{s.q_proj_width()} + 3 * int64_t{s.attention_width()} + 2 * int64_t{s.kv_width()};
+    } else if (k == LayerKind::kda) {
+      // q, k, v projections and their convolved copies, the decay (dk per head), the output gate,
+      // beta, and the emulator's per-head copies of q, k, decay, v and the output.
+      const KdaShape& s = c.kda;
+      const int64_t hd = int64_t{s.num_heads} * s.head_dim;
+      w = 6 * hd + 2 * hd + int64_t{s.num_heads} + 5 * hd;
+    } else if (k == LayerKind::mla) {
+      // q, the latent [c | k_rope], its expansion [k_nope | v], the full per-head keys and the output.
+      const MlaShape& s = c.mla;
+      w = int64_t{s.q_width()} + s.kv_a_width() + s.kv_b_width() + int64_t{s.q_width()} +
+          int64_t{s.num_heads} * s.v_head_dim;
     }
     m.mixer_width = std::max(m.mixer_width, w);
   }

@@ -399,7 +399,9 @@ std::string QuantizedWeightReader::describe() const {
     elements += static_cast<uint64_t>(d.rows * d.cols);
     names.push_back(d.name);
   }
-  o << fmt::format("{}{} matrices dequantized to FP32 at load: {} stored (codes + scales), {} as FP32\n", indent,
+  o << fmt::format("{}{} matrices dequantized to FP32 (at load; MoE experts when the forward reads them): {} stored "
+                   "(codes + scales), {} as FP32\n",
+                   indent,
                    dequantized_.size(), mib(stored), mib(elements * 4));
   o << folded_list(names, indent + "  ");
   if (!unquantized_.empty()) {
@@ -415,7 +417,7 @@ std::string QuantizedWeightReader::describe() const {
   if (!q_.kv_cache_quant_algo.empty())
     o << fmt::format("{}KV cache: {} {} k_scale/v_scale tensors recorded, not applied (the KV cache is FP32)\n", indent,
                      q_.kv_cache_quant_algo, kv_scales_);
-  o << fmt::format("{}weight matrices in memory for the forward: {} (FP32)\n", indent,
+  o << fmt::format("{}weight matrices as FP32: {} in all (MoE experts are held one at a time: see memory)\n", indent,
                    mib((elements + unquantized_elements_) * 4));
   return o.str();
 }

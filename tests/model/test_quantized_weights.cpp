@@ -147,7 +147,7 @@ TEST_CASE("quantized checkpoints of a golden model load; info lists the dequanti
     REQUIRE(lm.dequantized_weights().size() == 1);
     CHECK(lm.dequantized_weights()[0].name == kDown);
     const std::string info = model::CausalLM::inspect(dir.string()).describe();
-    CHECK(contains(info, "1 matrices dequantized to FP32 at load"));
+    CHECK(contains(info, "1 matrices dequantized to FP32 (at load"));
     CHECK(contains(info, "model.layers.*.mlp.down_proj.weight x1"));
     CHECK(contains(info, format == "fp8" ? "FP8 E4M3 block-scaled (blocks 128x128" : "NVFP4 (ModelOpt"));
   }

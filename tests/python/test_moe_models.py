@@ -33,7 +33,6 @@ def test_info_describes_the_moe_layers_and_the_memory(name):
     out = run(["info", MODELS / name]).stdout
     for line in EXPECTED[name]:
         assert line in out, (line, out)
-    meta = json.loads((MODELS / name / "golden.json").read_text())
     assert "parameters as stored, read from the memory-mapped checkpoint" in out
     assert "N x (3 x hidden + W)" in out and "N = 131072" in out
 

@@ -51,7 +51,7 @@ def test_info_lists_the_dequantized_matrices(tmp_path, fmt):
     assert r.returncode == 0, r.stderr
     name = "FP8 E4M3 block-scaled (blocks 128x128" if fmt == "fp8" else "NVFP4 (ModelOpt"
     assert f"weights        quantized checkpoint: {name}" in r.stdout
-    assert "16 matrices dequantized to FP32 at load" in r.stdout
+    assert "16 matrices dequantized to FP32 (at load" in r.stdout
     assert "backbone.layers.*.mixer.in_proj.weight x2" in r.stdout
     assert "2 matrices stored unquantized" in r.stdout and "lm_head.weight x1" in r.stdout
     assert ("16 input_scale tensors recorded, not applied" in r.stdout) == (fmt == "nvfp4")
