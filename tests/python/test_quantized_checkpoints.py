@@ -94,3 +94,59 @@ def test_script_writes_a_loadable_checkpoint_and_refuses_an_existing_one(tmp_pat
     assert r.returncode == 0 and "38 matrices dequantized" in r.stdout, r.stderr
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 2 and "exists and is not empty" in r.stderr
+
+
+def read_safetensors_raw(path):
+    """{name: (dtype, shape, bytes)} of a safetensors file, read as the format defines it (8-byte
+    little-endian header length, JSON header, data): any dtype, no library."""
+    import json
+    import struct
+    blob = path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def write_safetensors_raw(path, tensors):
+    import json
+    import struct
+    header, offset = {}, 0
+    for k, (dtype, shape, b) in tensors.items():
+        header[k] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(b)]}
+        offset += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(b for _, _, b in tensors.values()))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_sharded_quantized_checkpoint_loads_like_one_file(tmp_path, fmt):
+    """A quantized checkpoint split over two shards with model.safetensors.index.json (weights and their
+    scales in different shards, as a large release may have them) gives the same bits as one file."""
+    import json
+    src = MODELS / "qwen3_5_tiny"
+    qc.write_quantized_checkpoint(src, tmp_path / "q", fmt)
+    shard = tmp_path / "sharded"
+    shard.mkdir()
+    for f in (tmp_path / "q").iterdir():
+        if f.name != "model.safetensors":
+            (shard / f.name).write_bytes(f.read_bytes())
+    tensors = read_safetensors_raw(tmp_path / "q" / "model.safetensors")
+    names = sorted(tensors)
+    # Alternate names between the shards, so a weight and its scale usually land in different files.
+    parts = {"model-00001-of-00002.safetensors": names[0::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for file, part in parts.items():
+        write_safetensors_raw(shard / file, {n: tensors[n] for n in part})
+        weight_map.update({n: file for n in part})
+    split = [n for n in names if n.endswith(".weight") and any(
+        weight_map.get(n[:-len(".weight")] + s, weight_map[n]) != weight_map[n]
+        for s in (".weight_scale_inv", ".weight_scale"))]
+    assert split  # some weight and its scale sit in different shards
+    (shard / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    tokens = src / "tokens.npy"
+    one = logprobs(tmp_path / "q", tokens, tmp_path / "one.npy")
+    two = logprobs(shard, tokens, tmp_path / "two.npy")
+    assert np.array_equal(one.view(np.uint32), two.view(np.uint32))
