@@ -32,23 +32,26 @@ Attention::Attention(WeightLoader& w, const std::string& p, const AttentionShape
   }
 }
 
-Mat causal_attention(const Mat& q, const Mat& k, const Mat& v, int num_heads, int num_kv_heads, int hd, float scale,
-                     int threads, int block) {
+Mat causal_attention(const Mat& q, const Mat& k, const Mat& v, const AttentionHeads& heads, float scale,
+                     ScaleAt scale_at, int threads, int block) {
   const int n = static_cast<int>(q.rows());
-  const int per_kv = num_heads / num_kv_heads;
+  const int num_heads = heads.num_heads, dqk = heads.dqk, dv = heads.dv;
+  const int per_kv = num_heads / heads.num_kv_heads;
   const int n_blocks = (n + block - 1) / block;
-  Mat out(n, static_cast<Eigen::Index>(num_heads) * hd);
+  Mat out(n, static_cast<Eigen::Index>(num_heads) * dv);
   // Costliest query blocks (the last ones) first for load balance.
   parallel_for(n_blocks * num_heads, threads, [&](int task) {
     const int qb = n_blocks - 1 - task / num_heads, h = task % num_heads, kvh = h / per_kv;
     const int r0 = qb * block, rows = std::min(block, n - r0);
-    const Mat qblk = q.block(r0, static_cast<Eigen::Index>(h) * hd, rows, hd) * scale;
-    Mat acc = Mat::Zero(rows, hd);
+    Mat qblk = q.block(r0, static_cast<Eigen::Index>(h) * dqk, rows, dqk);
+    if (scale_at == ScaleAt::query) qblk *= scale;
+    Mat acc = Mat::Zero(rows, dv);
     std::vector<float> m(rows, -std::numeric_limits<float>::infinity()), l(rows, 0.0f);
     Mat s;
     for (int kb = 0; kb <= qb; ++kb) {
       const int c0 = kb * block, cols = std::min(block, n - c0);
-      s.noalias() = qblk * k.block(c0, static_cast<Eigen::Index>(kvh) * hd, cols, hd).transpose();
+      s.noalias() = qblk * k.block(c0, static_cast<Eigen::Index>(kvh) * dqk, cols, dqk).transpose();
+      if (scale_at == ScaleAt::scores) s *= scale;
       for (int i = 0; i < rows; ++i) {
         const int last = std::min(cols - 1, r0 + i - c0);  // causal: key position <= query position
         float mx = m[i];
@@ -64,9 +67,9 @@ Mat causal_attention(const Mat& q, const Mat& k, const Mat& v, int num_heads, in
         acc.row(i) *= corr;
         m[i] = mx;
       }
-      acc.noalias() += s * v.block(c0, static_cast<Eigen::Index>(kvh) * hd, cols, hd);
+      acc.noalias() += s * v.block(c0, static_cast<Eigen::Index>(kvh) * dv, cols, dv);
     }
-    for (int i = 0; i < rows; ++i) out.block(r0 + i, static_cast<Eigen::Index>(h) * hd, 1, hd) = acc.row(i) / l[i];
+    for (int i = 0; i < rows; ++i) out.block(r0 + i, static_cast<Eigen::Index>(h) * dv, 1, dv) = acc.row(i) / l[i];
   });
   return out;
 }
@@ -118,7 +121,7 @@ void Attention::forward(const Mat& x, Mat& out, const LayerContext& ctx) const {
     });
   }
   const float scale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5));
-  Mat att = causal_attention(q, k, v, H, Hkv, hd, scale, ctx.threads);
+  Mat att = causal_attention(q, k, v, {H, Hkv, hd, hd}, scale, ScaleAt::query, ctx.threads);
   if (s_.output_gate) att.array() *= gate.array().unaryExpr([](float g) { return sigmoid(g); });
   o_.apply(att, out, ctx.threads);
 }

@@ -195,14 +195,16 @@ class MlaAttention final : public Block {
   Vec q_a_norm_, kv_a_norm_;
 };
 
-// Blocked causal attention with query/key head width dqk and value head width dv (one key/value
-// head per query head): q, k are N x (H dqk), v is N x (H dv); returns N x (H dv).
-Mat causal_attention_qk_v(const Mat& q, const Mat& k, const Mat& v, int num_heads, int dqk, int dv, float scale,
-                          int threads, int block = 64);
-
-// Blocked causal attention core, exposed for tests: q is N x (H hd), k and v are N x (Hkv hd);
-// returns N x (H hd). Query head h reads key/value head h / (H / Hkv).
-Mat causal_attention(const Mat& q, const Mat& k, const Mat& v, int num_heads, int num_kv_heads, int head_dim,
-                     float scale, int threads, int block = 64);
+// Blocked causal attention with an online softmax, O(N d) memory: q and k are N x (H dqk) and
+// N x (Hkv dqk), v is N x (Hkv dv); returns N x (H dv). Query head h reads key/value head
+// h / (H / Hkv). Where `scale` is applied follows each model's transformers code, because the two
+// round differently: ScaleAt::query scales q before q k^T (Qwen3.5, Nemotron-H), ScaleAt::scores
+// scales q k^T after the product (eager attention of Kimi Linear's MLA).
+enum class ScaleAt { query, scores };
+struct AttentionHeads {
+  int num_heads = 1, num_kv_heads = 1, dqk = 0, dv = 0;
+};
+Mat causal_attention(const Mat& q, const Mat& k, const Mat& v, const AttentionHeads& heads, float scale,
+                     ScaleAt scale_at, int threads, int block = 64);
 
 }  // namespace replayssm::model

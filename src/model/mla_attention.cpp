@@ -33,46 +33,6 @@ MlaAttention::MlaAttention(WeightLoader& w, const std::string& p, const MlaShape
   o_ = w.linear(p + ".o_proj", hidden, s.value_width(), s.bias);
 }
 
-Mat causal_attention_qk_v(const Mat& q, const Mat& k, const Mat& v, int num_heads, int dqk, int dv, float scale,
-                          int threads, int block) {
-  const int n = static_cast<int>(q.rows());
-  const int n_blocks = (n + block - 1) / block;
-  Mat out(n, static_cast<Eigen::Index>(num_heads) * dv);
-  // Costliest query blocks (the last ones) first for load balance.
-  parallel_for(n_blocks * num_heads, threads, [&](int task) {
-    const int qb = n_blocks - 1 - task / num_heads, h = task % num_heads;
-    const int r0 = qb * block, rows = std::min(block, n - r0);
-    const auto qblk = q.block(r0, static_cast<Eigen::Index>(h) * dqk, rows, dqk);
-    Mat acc = Mat::Zero(rows, dv);
-    std::vector<float> m(rows, -std::numeric_limits<float>::infinity()), l(rows, 0.0f);
-    Mat s;
-    for (int kb = 0; kb <= qb; ++kb) {
-      const int c0 = kb * block, cols = std::min(block, n - c0);
-      // As eager attention: (q k^T) * scale.
-      s.noalias() = qblk * k.block(c0, static_cast<Eigen::Index>(h) * dqk, cols, dqk).transpose();
-      s *= scale;
-      for (int i = 0; i < rows; ++i) {
-        const int last = std::min(cols - 1, r0 + i - c0);  // causal: key position <= query position
-        float mx = m[i];
-        for (int j = 0; j <= last; ++j) mx = std::max(mx, s(i, j));
-        const float corr = std::exp(m[i] - mx);
-        float sum = 0.0f;
-        for (int j = 0; j < cols; ++j) {
-          const float e = j <= last ? std::exp(s(i, j) - mx) : 0.0f;
-          s(i, j) = e;
-          sum += e;
-        }
-        l[i] = l[i] * corr + sum;
-        acc.row(i) *= corr;
-        m[i] = mx;
-      }
-      acc.noalias() += s * v.block(c0, static_cast<Eigen::Index>(h) * dv, cols, dv);
-    }
-    for (int i = 0; i < rows; ++i) out.block(r0 + i, static_cast<Eigen::Index>(h) * dv, 1, dv) = acc.row(i) / l[i];
-  });
-  return out;
-}
-
 void MlaAttention::forward(const Mat& x, Mat& out, const LayerContext& ctx) const {
   const int n = static_cast<int>(x.rows()), H = s_.num_heads;
   const int nope = s_.qk_nope_head_dim, rope = s_.qk_rope_head_dim, dv = s_.v_head_dim, qk = s_.qk_head_dim();
@@ -101,7 +61,7 @@ void MlaAttention::forward(const Mat& x, Mat& out, const LayerContext& ctx) cons
     v.middleCols(static_cast<Eigen::Index>(h) * dv, dv) = kvb.middleCols(src + nope, dv);
   }
   const float scale = static_cast<float>(std::pow(static_cast<double>(qk), -0.5));
-  const Mat att = causal_attention_qk_v(q, k, v, H, qk, dv, scale, ctx.threads);
+  const Mat att = causal_attention(q, k, v, {H, H, qk, dv}, scale, ScaleAt::scores, ctx.threads);
   o_.apply(att, out, ctx.threads);
 }
 

@@ -30,7 +30,8 @@ TEST_CASE("blocked online-softmax attention equals naive causal softmax attentio
     const Mat q = random_mat(n, H * hd, g, 2.0f), k = random_mat(n, Hkv * hd, g, 2.0f), v = random_mat(n, Hkv * hd, g);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     for (int threads : {1, 3}) {
-      const Mat out = causal_attention(q, k, v, H, Hkv, hd, scale, threads, /*block=*/16 + 48 * (threads == 1));
+      const Mat out = causal_attention(q, k, v, {H, Hkv, hd, hd}, scale, ScaleAt::query, threads,
+                                       /*block=*/16 + 48 * (threads == 1));
       double max_err = 0;
       for (int h = 0; h < H; ++h) {
         const int kvh = h / (H / Hkv);

@@ -4,7 +4,6 @@ the experiments' TOML files parse to the configurations they describe; a real sw
 random Mamba-2 model runs."""
 import os
 import pathlib
-import random
 import subprocess
 import tomllib
 
@@ -13,8 +12,6 @@ import pytest
 from conftest import ROOT, replayssm_binary
 
 MODEL = str(ROOT / "data" / "models" / "mamba2_tiny")
-SEED = 20261130
-WORDS = "the of and to a in that is was he for it with as his on be at by night day came dark".split()
 
 
 def run(args, cwd=None):
@@ -25,17 +22,6 @@ def refused(r, *fragments):
     assert r.returncode == 2, (r.returncode, r.stderr)
     for f in fragments:
         assert f in r.stderr, (f, r.stderr)
-
-
-@pytest.fixture
-def text_dir(tmp_path):
-    """Two books of about 3 KB of words (fixed seed)."""
-    d = tmp_path / "books"
-    d.mkdir()
-    rng = random.Random(SEED)
-    for name in ("a", "b"):
-        (d / f"{name}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(700)) + "\n")
-    return d
 
 
 def dry(text_dir, tmp_path, *extra, length="64"):

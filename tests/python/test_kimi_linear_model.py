@@ -4,7 +4,6 @@ transformers' KimiLinearForCausalLM): `replayssm info` shows the KDA and latent-
 experts), a short `kl-sweep` runs, and bad MoE fields are refused with exit code 2, naming the file
 and the key."""
 import json
-import random
 import shutil
 import subprocess
 
@@ -14,23 +13,10 @@ import pytest
 from conftest import ROOT, replayssm_binary
 
 MODEL = ROOT / "data" / "models" / "kimi_linear_tiny"
-SEED = 20261130
-WORDS = "the of and to a in that is was he for it with as his on be at by night day came dark".split()
 
 
 def run(*args):
     return subprocess.run([replayssm_binary(), *map(str, args)], capture_output=True, text=True)
-
-
-@pytest.fixture
-def text_dir(tmp_path):
-    """Two books of about 3 KB of words (fixed seed)."""
-    d = tmp_path / "books"
-    d.mkdir()
-    rng = random.Random(SEED)
-    for name in ("a", "b"):
-        (d / f"{name}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(700)) + "\n")
-    return d
 
 
 def test_info_shows_kda_latent_attention_and_moe():
