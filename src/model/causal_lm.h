@@ -132,11 +132,7 @@ class CausalLM {
   Mat log_probs(const std::vector<int64_t>& tokens, const PolicyAssignment& policy,
                 const ForwardOptions& options = {}) const;
 
- private:
-  CausalLM() = default;
-  static CausalLM build(const std::string& model_dir, bool shapes_only);
-  std::string memory_description(const std::vector<int64_t>& lengths, int threads) const;
-
+  // One decoder layer as loaded: h += mixer(norm(h)), then (Qwen3.5, Kimi Linear) h += mlp(mlp_norm(h)).
   struct Layer {
     LayerKind kind;
     Vec norm;  // pre-mixer norm
@@ -144,6 +140,20 @@ class CausalLM {
     Vec mlp_norm;  // Qwen3.5: post_attention_layernorm
     std::unique_ptr<Block> mlp;
   };
+  // Read-only views of the loaded weights, for the GPU twin (cuda/model) that uploads them. The
+  // norms follow config().norm_eps and config().norm_plus_one; lm_head_weight() is the embedding
+  // when the word embeddings are tied.
+  const std::vector<Layer>& layer_blocks() const { return layers_; }
+  const Mat& embedding() const { return embed_; }
+  const Mat& lm_head_weight() const { return config_.tie_word_embeddings ? embed_ : lm_head_; }
+  const Vec& final_norm() const { return final_norm_; }
+  bool runnable() const { return runnable_; }
+
+ private:
+  CausalLM() = default;
+  static CausalLM build(const std::string& model_dir, bool shapes_only);
+  std::string memory_description(const std::vector<int64_t>& lengths, int threads) const;
+
   ModelConfig config_;
   std::string dir_;
   // The mapped checkpoint: expert matrices are read from it during the forward (declared before

@@ -114,6 +114,17 @@ class Mamba2Mixer final : public Block {
   Mamba2Mixer(WeightLoader& w, const std::string& prefix, const Mamba2Shape& s, int hidden);
   void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
 
+  // Read-only views of the weights, for the GPU twin (cuda/model) that uploads them.
+  const Mamba2Shape& shape() const { return s_; }
+  const Linear& in_proj() const { return in_proj_; }
+  const Linear& out_proj() const { return out_proj_; }
+  const Mat& conv_weight() const { return conv_w_; }
+  const Vec& conv_bias() const { return conv_b_; }
+  const Vec& dt_bias() const { return dt_bias_; }
+  const Vec& a_log() const { return a_log_; }
+  const Vec& d_skip() const { return d_; }
+  const Vec& norm_weight() const { return norm_w_; }
+
  private:
   Mamba2Shape s_;
   Linear in_proj_, out_proj_;
@@ -130,6 +141,18 @@ class GatedDeltaNet final : public Block {
   GatedDeltaNet(WeightLoader& w, const std::string& prefix, const GdnShape& s, int hidden);
   void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
 
+  // Read-only views of the weights, for the GPU twin (cuda/model) that uploads them.
+  const GdnShape& shape() const { return s_; }
+  const Linear& in_proj_qkv() const { return in_qkv_; }
+  const Linear& in_proj_z() const { return in_z_; }
+  const Linear& in_proj_b() const { return in_b_; }
+  const Linear& in_proj_a() const { return in_a_; }
+  const Linear& out_proj() const { return out_proj_; }
+  const Mat& conv_weight() const { return conv_w_; }
+  const Vec& dt_bias() const { return dt_bias_; }
+  const Vec& a_log() const { return a_log_; }
+  const Vec& norm_weight() const { return norm_w_; }
+
  private:
   GdnShape s_;
   Linear in_qkv_, in_z_, in_b_, in_a_, out_proj_;
@@ -145,6 +168,16 @@ class Attention final : public Block {
   Attention(WeightLoader& w, const std::string& prefix, const AttentionShape& s, int hidden);
   void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
 
+  // Read-only views of the weights, for the GPU twin (cuda/model) that uploads them.
+  const AttentionShape& shape() const { return s_; }
+  const Linear& q_proj() const { return q_; }
+  const Linear& k_proj() const { return k_; }
+  const Linear& v_proj() const { return v_; }
+  const Linear& o_proj() const { return o_; }
+  const Vec& q_norm() const { return q_norm_; }
+  const Vec& k_norm() const { return k_norm_; }
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+
  private:
   AttentionShape s_;
   Linear q_, k_, v_, o_;
@@ -157,6 +190,12 @@ class Mlp final : public Block {
  public:
   Mlp(WeightLoader& w, const std::string& prefix, const MlpShape& s, int hidden);
   void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
+
+  // Read-only views of the weights, for the GPU twin (cuda/model) that uploads them.
+  const MlpShape& shape() const { return s_; }
+  const Linear& gate_proj() const { return gate_; }
+  const Linear& up_proj() const { return up_; }
+  const Linear& down_proj() const { return down_; }
 
  private:
   MlpShape s_;
@@ -175,6 +214,22 @@ class KdaMixer final : public Block {
   KdaMixer(WeightLoader& w, const std::string& prefix, const KdaShape& s, int hidden);
   void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
 
+  // Read-only views of the weights, for the GPU twin (cuda/model) that uploads them.
+  const KdaShape& shape() const { return s_; }
+  const Linear& q_proj() const { return q_; }
+  const Linear& k_proj() const { return k_; }
+  const Linear& v_proj() const { return v_; }
+  const Linear& f_a_proj() const { return f_a_; }
+  const Linear& f_b_proj() const { return f_b_; }
+  const Linear& b_proj() const { return b_; }
+  const Linear& g_a_proj() const { return g_a_; }
+  const Linear& g_b_proj() const { return g_b_; }
+  const Linear& o_proj() const { return o_; }
+  const Mat& conv_weight() const { return conv_w_; }
+  const Vec& dt_bias() const { return dt_bias_; }
+  const Vec& a_log() const { return a_log_; }
+  const Vec& norm_weight() const { return norm_w_; }
+
  private:
   KdaShape s_;
   Linear q_, k_, v_, f_a_, f_b_, b_, g_a_, g_b_, o_;
@@ -188,6 +243,17 @@ class MlaAttention final : public Block {
  public:
   MlaAttention(WeightLoader& w, const std::string& prefix, const MlaShape& s, int hidden);
   void forward(const Mat& x, Mat& out, const LayerContext& ctx) const override;
+
+  // Read-only views of the weights, for the GPU twin (cuda/model) that uploads them.
+  const MlaShape& shape() const { return s_; }
+  const Linear& q_proj() const { return q_; }
+  const Linear& q_a_proj() const { return q_a_; }
+  const Linear& q_b_proj() const { return q_b_; }
+  const Linear& kv_a_proj() const { return kv_a_; }
+  const Linear& kv_b_proj() const { return kv_b_; }
+  const Linear& o_proj() const { return o_; }
+  const Vec& q_a_norm() const { return q_a_norm_; }
+  const Vec& kv_a_norm() const { return kv_a_norm_; }
 
  private:
   MlaShape s_;
