@@ -69,4 +69,28 @@ struct EmulatorOptions {
 void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy, HeadGroupId id,
                       const std::vector<float*>& out, const EmulatorOptions& options);
 
+// ---- one whole layer: every key-head group (the CPU twin of cuda/ssm/sequence_scan.h) -----------
+// Activations laid out as the model's projections produce them (row t = token t, heads side by
+// side; any leading dimension). Value head h belongs to key head h / G (G = n_value_heads /
+// n_key_heads) as value head h % G of its group, and its SR streams are those of
+// HeadGroupId{layer, h / G}, value head h % G: the same as one emulate_sequence call per group.
+struct LayerSequence {
+  Recurrence kind = Recurrence::mamba2;
+  int n_tokens = 0, dk = 0, dv = 0, n_key_heads = 1, n_value_heads = 1;
+  const float* q = nullptr;      // q of key head g at token t: q + t * ld_q + g * dk
+  int64_t ld_q = 0;
+  const float* k = nullptr;      // k + t * ld_k + g * dk
+  int64_t ld_k = 0;
+  const float* alpha = nullptr;  // alpha + t * ld_alpha + h * decay_width(kind, dk)
+  int64_t ld_alpha = 0;
+  const float* beta = nullptr;   // beta + t * ld_beta + h (gdn, kda; null for mamba2)
+  int64_t ld_beta = 0;
+  const float* v = nullptr;      // v + t * ld_v + h * dv
+  int64_t ld_v = 0;
+  float* out = nullptr;          // out + t * ld_out + h * dv
+  int64_t ld_out = 0;
+};
+void emulate_layer_sequence(const LayerSequence& seq, const PrecisionPolicy& policy, uint32_t layer,
+                            const EmulatorOptions& options = {});
+
 }  // namespace replayssm::ssm

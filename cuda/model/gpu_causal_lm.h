@@ -1,0 +1,60 @@
+// The teacher-forced forward of a loaded CausalLM on one GPU (issue 10): the weights of the CPU
+// model uploaded once (float32), every layer run over all N positions on the device, the SSM
+// layers' recurrences through the teacher-forced scan kernels (cuda/ssm/sequence_scan.h) under
+// the layer's PrecisionPolicy, and the LM head on cuBLAS for any rows of final hidden states.
+// The twin of model::CausalLM::final_hidden / lm_head (src/model/causal_lm.h).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "device_memory.h"
+#include "model/causal_lm.h"
+#include "model/gpu_block.h"
+
+namespace replayssm::cuda {
+
+// What a forward over `positions` positions holds on the device, in bytes.
+struct GpuMemoryPlan {
+  int64_t weight_bytes = 0;      // every uploaded weight (float32, + BF16 parts when asked for)
+  int64_t activation_bytes = 0;  // residual stream, normalised copy, block output (N x hidden each)
+  int64_t scratch_bytes = 0;     // the largest block scratch (projections, conv, scan outputs)
+  int64_t state_bytes = 0;       // scan states (in registers/shared memory: 0 unless spilled to global)
+  int64_t total() const { return weight_bytes + activation_bytes + scratch_bytes + state_bytes; }
+};
+
+class GpuCausalLM {
+ public:
+  // Uploads `cpu`'s weights (cpu must be load()ed, not inspect()ed). Throws std::runtime_error
+  // naming the model directory and the layer for anything without a GPU twin yet.
+  GpuCausalLM(const model::CausalLM& cpu, GemmPrecision gemm);
+  ~GpuCausalLM();
+  GpuCausalLM(const GpuCausalLM&) = delete;
+  GpuCausalLM& operator=(const GpuCausalLM&) = delete;
+
+  // "" when every layer of `cpu` has a GPU twin, else what does not (for --device auto/cuda).
+  static std::string unsupported_reason(const model::CausalLM& cpu);
+
+  int vocab_size() const;
+  int hidden_size() const;
+  GemmPrecision gemm_precision() const;
+  GpuMemoryPlan memory_plan(int64_t positions) const;
+
+  // Final-norm hidden states of every position (tokens.size() x hidden) into `out` (dense,
+  // tokens.size() rows), every SSM layer under `policy`. Token ids outside [0, vocab) throw
+  // std::invalid_argument naming the position. on_layer_done as for CausalLM::final_hidden.
+  void final_hidden(std::span<const int32_t> tokens, const model::PolicyAssignment& policy, DeviceMatrix out,
+                    const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done = {}) const;
+  // logits = hidden_rows W_lm^T: rows x vocab (dense), on the device.
+  void lm_logits(ConstDeviceMatrix hidden_rows, DeviceMatrix logits) const;
+  cudaStream_t stream() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace replayssm::cuda
