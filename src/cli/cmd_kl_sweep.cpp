@@ -25,6 +25,7 @@
 #include <toml++/toml.h>
 
 #include "cli/commands.h"
+#include "cli/engine_choice.h"
 #include "eval/kl_sweep.h"
 #include "eval/policy_set.h"
 #include "io/text_source.h"
@@ -68,6 +69,8 @@ const std::vector<Setting>& settings() {
       {"reference", "POLICY", "reference policy (default conv:fp32)"},
       {"chunk", "N", "positions per log-probability chunk, 1 to 2^20; memory chunk x vocab floats x 2 (default 1024)"},
       {"threads", "N", "KL worker threads, 0 to 1024 (default 0: all cores)"},
+      {"device", "DEVICE", kDeviceHelp},
+      {"compute", "PRECISION", kComputeHelp},
       {"progress", "MODE", "auto | bar | lines | off (default auto)"},
       {"dry-run", nullptr, "load the books and expand the configurations, then stop (no model)"},
   };
@@ -97,6 +100,7 @@ struct KlSweepOptions {
   std::vector<int> windows;
   std::vector<uint64_t> seeds;
   bool force = false, dry_run = false;
+  EngineChoice engine;
 };
 
 // ---- one given value and its conversions --------------------------------------------------------
@@ -431,6 +435,8 @@ KlSweepOptions resolve_options(const Sources& src) {
     o.threads = static_cast<int>(
         integer_value(*g, {0, kMaxThreads, fmt::format("an integer in [0, {}] (0: all cores)", kMaxThreads)}));
   if (auto g = get("progress")) o.progress = choice_value(*g, {"auto", "bar", "lines", "off"});
+  if (auto g = get("device")) o.engine.device = choice_value(*g, {"cpu", "cuda", "auto"});
+  if (auto g = get("compute")) o.engine.compute = choice_value(*g, {"fp32", "bf16x3", "bf16"});
   if (o.byte_offset_given && !o.tokens_dir.empty())
     refuse("--byte-offset applies to byte-level ids only, but --tokens-dir is given (its ids come from the "
            "tokenizer): drop one of them");
@@ -531,7 +537,9 @@ void run_kl_sweep_command(const KlSweepOptions& o) {
   so.tokenization = loaded.tokenization;
   so.log = &std::cerr;
   so.progress = o.progress;
-  const eval::SweepOutcome r = eval::run_kl_sweep(*lm, books, so);
+  const std::unique_ptr<eval::SweepEngine> engine =
+      make_engine(*lm, o.engine, o.threads, o.chunk, std::cerr, "kl-sweep");
+  const eval::SweepOutcome r = eval::run_kl_sweep(*engine, books, so);
   std::cout << eval::format_summary_table(r.rows);
   std::cout << fmt::format("results: {} ({} cells: {} computed now, {} from an earlier run; {})\n", r.path,
                            r.cells_total, r.cells_run, r.cells_resumed, eval::human_duration(r.seconds));

@@ -18,7 +18,7 @@ using ssm::PrecisionPolicy;
 // ---- identity ----------------------------------------------------------------------------------
 
 nlohmann::json sweep_identity(const TeacherForcedModel& model, const std::vector<SweepBook>& books,
-                              const SweepOptions& o) {
+                              const SweepOptions& o, const std::string& compute) {
   nlohmann::json id;
   id["schema_version"] = kResultsSchemaVersion;
   id["reference"] = PrecisionPolicy::parse(o.reference).to_string();
@@ -38,6 +38,7 @@ nlohmann::json sweep_identity(const TeacherForcedModel& model, const std::vector
   nlohmann::json jc = nlohmann::json::array();
   for (const auto& p : o.policies) jc.push_back(p.to_string());
   id["configs"] = jc;
+  if (compute != "fp32") id["compute"] = compute;  // absent for fp32: identities of earlier files unchanged
   return id;
 }
 
@@ -267,7 +268,7 @@ std::vector<SummaryRow> CellStore::merge(ResultsMetadata meta, const std::vector
   const std::size_t B = books_.size(), C = policies_.size();
   const std::vector<int64_t> edges = length_bucket_edges(n_);
   ResultsWriter writer(out_.string(), meta, books, edges);
-  std::set<std::string> versions, isas;
+  std::set<std::string> versions, isas, devices;
   std::vector<SummaryRow> rows;
   for (std::size_t c = 0; c < C; ++c) {
     std::vector<CellRecord> cells;
@@ -288,6 +289,7 @@ std::vector<SummaryRow> CellStore::merge(ResultsMetadata meta, const std::vector
       attrs.kl_seconds += cell.kl_seconds;
       versions.insert(cell.toolkit_version);
       isas.insert(cell.host_isa.empty() ? "unknown" : cell.host_isa);
+      devices.insert(cell.device.empty() ? "cpu" : cell.device);
     }
     agg.pct = percentiles(all);
     all = {};
@@ -299,6 +301,9 @@ std::vector<SummaryRow> CellStore::merge(ResultsMetadata meta, const std::vector
   std::string isa;
   for (const auto& x : isas) isa += (isa.empty() ? "" : "; ") + x;
   writer.set_host_isa(isa);
+  std::string device;
+  for (const auto& x : devices) device += (device.empty() ? "" : "; ") + x;
+  writer.set_device(device);
   writer.commit();
   fs::remove_all(work_);
   lock_.reset();
@@ -310,6 +315,10 @@ std::vector<SummaryRow> CellStore::merge(ResultsMetadata meta, const std::vector
     log_ << fmt::format("kl-sweep: note: the cells of {} were computed by builds for different host ISAs ({}; see the "
                         "root attribute host_isa)\n",
                         out_.string(), isa);
+  if (devices.size() > 1)
+    log_ << fmt::format("kl-sweep: note: the cells of {} were computed on different devices ({}; see the root "
+                        "attribute device): their values differ by floating-point rounding\n",
+                        out_.string(), device);
   return rows;
 }
 

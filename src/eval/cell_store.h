@@ -22,7 +22,7 @@ namespace replayssm::eval {
 
 // The identity of a sweep (see kl_sweep.h): what determines its numbers.
 nlohmann::json sweep_identity(const TeacherForcedModel& model, const std::vector<SweepBook>& books,
-                              const SweepOptions& options);
+                              const SweepOptions& options, const std::string& compute = "fp32");
 // "n_positions: 4096 -> 8192; configs: added shared:fp16+sr@16" (empty when equal).
 std::string describe_identity_difference(const nlohmann::json& old_id, const nlohmann::json& new_id);
 

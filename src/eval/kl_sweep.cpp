@@ -61,53 +61,42 @@ void check_inputs(const TeacherForcedModel& model, const std::vector<SweepBook>&
   }
 }
 
-RowMatrixXf checked_hidden(TeacherForcedModel& model, std::span<const int32_t> input, const PrecisionPolicy& policy) {
-  RowMatrixXf h = model.final_hidden(input, policy);
-  if (h.rows() != static_cast<Eigen::Index>(input.size()) || h.cols() != model.hidden_size())
-    throw std::runtime_error(fmt::format("model.final_hidden({}) returned {}x{}, expected {}x{}", policy.to_string(),
-                                         h.rows(), h.cols(), input.size(), model.hidden_size()));
-  return h;
-}
-
-// One (configuration, book) cell: the configuration's forward pass, then KL against the
-// reference's hidden states chunk by chunk.
-CellRecord compute_cell(TeacherForcedModel& model, const RowMatrixXf& ref_hidden, std::span<const int32_t> input,
-                        std::span<const int32_t> targets, const PrecisionPolicy& policy, const SweepOptions& o,
-                        ProgressBar& bar, const std::string& where) {
-  const auto N = static_cast<int64_t>(input.size());
-  const int vocab = model.vocab_size();
-  bar.set_status(fmt::format("{} | {} | forward", where, policy.to_string()));
-  const double t0 = now_s();
-  const RowMatrixXf h = checked_hidden(model, input, policy);
-  const double t1 = now_s();
-  bar.set_status(fmt::format("{} | {} | KL", where, policy.to_string()));
+// One (configuration, book) cell: the engine runs the configuration and compares it with the
+// book's reference position by position; the accumulator keeps the per-position KL and the statistics.
+CellRecord compute_cell(SweepEngine& engine, std::span<const int32_t> targets, const PrecisionPolicy& policy,
+                        const SweepOptions& o, ProgressBar& bar, const std::string& where) {
+  const auto N = static_cast<int64_t>(targets.size());
   CellAccumulator acc(N, length_bucket_edges(N), o.threads);
-  for (int64_t p0 = 0; p0 < N; p0 += o.chunk_rows) {
-    const int64_t rows = std::min<int64_t>(o.chunk_rows, N - p0);
-    const RowMatrixXf lr = model.log_probs(ref_hidden.middleRows(p0, rows));
-    const RowMatrixXf lc = model.log_probs(h.middleRows(p0, rows));
-    if (lr.rows() != rows || lr.cols() != vocab || lc.rows() != rows || lc.cols() != vocab)
-      throw std::runtime_error(fmt::format("model.log_probs returned {}x{} and {}x{} for {} rows, expected {} columns "
-                                           "(vocab_size)",
-                                           lr.rows(), lr.cols(), lc.rows(), lc.cols(), rows, vocab));
-    acc.add_chunk(p0, lr, lc, targets.subspan(static_cast<std::size_t>(p0), static_cast<std::size_t>(rows)));
-    bar.advance(rows);
-  }
+  CompareCallbacks cb;
+  cb.on_phase = [&](std::string_view phase) {
+    bar.set_status(fmt::format("{} | {} | {}", where, policy.to_string(), phase));
+  };
+  cb.on_results = [&](int64_t first, std::span<const PositionResult> results) {
+    acc.add_results(first, results);
+    bar.advance(static_cast<int64_t>(results.size()));
+  };
+  const CompareTimes times = engine.compare(policy, targets, o.chunk_rows, cb);
+  if (!acc.complete())
+    throw std::runtime_error(fmt::format("{} on {}: the engine compared {} of {} positions", policy.to_string(), where,
+                                         acc.positions_added(), N));
   CellRecord rec;
   rec.stats = acc.finish();
   rec.kl = acc.kl();
-  rec.forward_seconds = t1 - t0;
-  rec.kl_seconds = now_s() - t1;
+  rec.forward_seconds = times.forward_seconds;
+  rec.kl_seconds = times.kl_seconds;
   rec.toolkit_version = version_string();
   rec.host_isa = build_host_isa();
+  rec.device = engine.device();
   return rec;
 }
 
-ResultsMetadata results_metadata(const TeacherForcedModel& model, const SweepOptions& o, const nlohmann::json& identity) {
+ResultsMetadata results_metadata(const SweepEngine& engine, const SweepOptions& o, const nlohmann::json& identity) {
+  const TeacherForcedModel& model = engine.model();
   ResultsMetadata meta;
   meta.toolkit_version = version_string();
   meta.git_commit = git_commit();
   meta.host_isa = build_host_isa();
+  meta.device = engine.device();
   meta.created = utc_now();
   meta.command_line = o.command_line;
   meta.model_description = model.description();
@@ -126,7 +115,13 @@ ResultsMetadata results_metadata(const TeacherForcedModel& model, const SweepOpt
 }  // namespace
 
 SweepOutcome run_kl_sweep(TeacherForcedModel& model, const std::vector<SweepBook>& books, const SweepOptions& o) {
+  const std::unique_ptr<SweepEngine> engine = make_cpu_engine(model, o.threads);
+  return run_kl_sweep(*engine, books, o);
+}
+
+SweepOutcome run_kl_sweep(SweepEngine& engine, const std::vector<SweepBook>& books, const SweepOptions& o) {
   const double t_start = now_s();
+  const TeacherForcedModel& model = engine.model();
   std::ostream null_stream(nullptr);
   std::ostream& log = o.log ? *o.log : null_stream;
   check_inputs(model, books, o);
@@ -136,7 +131,7 @@ SweepOutcome run_kl_sweep(TeacherForcedModel& model, const std::vector<SweepBook
   std::vector<std::string> policy_names, book_names;
   for (const auto& p : o.policies) policy_names.push_back(p.to_string());
   for (const auto& b : books) book_names.push_back(b.name);
-  const nlohmann::json identity = sweep_identity(model, books, o);
+  const nlohmann::json identity = sweep_identity(model, books, o, engine.compute());
   CellStore store(o.out_path, identity, policy_names, book_names, N, log);
 
   SweepOutcome outcome;
@@ -179,10 +174,10 @@ SweepOutcome run_kl_sweep(TeacherForcedModel& model, const std::vector<SweepBook
     const std::span<const int32_t> targets(book.tokens.data() + 1, static_cast<std::size_t>(N));
     const std::string where = fmt::format("book {}/{} {}", b + 1, B, book.name);
     bar.set_status(fmt::format("{} | reference {} | forward", where, reference.to_string()));
-    const RowMatrixXf ref_hidden = checked_hidden(model, input, reference);
+    engine.set_reference(input, reference);
     for (std::size_t c = 0; c < C; ++c) {
       if (store.done(c, b)) continue;
-      CellRecord rec = compute_cell(model, ref_hidden, input, targets, o.policies[c], o, bar, where);
+      CellRecord rec = compute_cell(engine, targets, o.policies[c], o, bar, where);
       if (rec.stats.nonfinite_positions > 0) {
         int64_t first = -1;
         for (int64_t i = 0; i < N && first < 0; ++i)
@@ -210,7 +205,7 @@ SweepOutcome run_kl_sweep(TeacherForcedModel& model, const std::vector<SweepBook
     cj["books"] = book_names;
     config_jsons.push_back(cj.dump());
   }
-  outcome.rows = store.merge(results_metadata(model, o, identity), rbooks, config_jsons);
+  outcome.rows = store.merge(results_metadata(engine, o, identity), rbooks, config_jsons);
   outcome.seconds = now_s() - t_start;
   return outcome;
 }

@@ -44,8 +44,9 @@
 //                                         delete DIR/.NAME.parts.
 // The identity (JSON, root attribute "sweep") holds what determines the numbers: schema version,
 // reference policy, N, the model's content hash and description, the tokenizer, every book's
-// name, stripped-text hash and hash of the N + 1 token ids used, and the configurations' canonical
-// policy strings in order. Paths, the command line, chunk size, thread count and the time are
+// name, stripped-text hash and hash of the N + 1 token ids used, the configurations' canonical
+// policy strings in order, and the engine's compute precision when it is not fp32 (--compute bf16
+// changes the numbers; the device does not, beyond rounding, and is recorded per cell instead). Paths, the command line, chunk size, thread count and the time are
 // recorded but are not part of it. A resumed sweep built from a different commit is allowed; the
 // builds that contributed are listed in the root attribute toolkit_versions_used.
 #pragma once
@@ -56,6 +57,7 @@
 
 #include "eval/policy_set.h"
 #include "eval/progress.h"
+#include "eval/sweep_engine.h"
 #include "model/teacher_forced_model.h"
 #include "ssm/precision_policy.h"
 
@@ -103,6 +105,8 @@ struct SweepOutcome {
 // std::invalid_argument on bad options (N < 1, no configuration, short books, token ids outside
 // the vocabulary), std::runtime_error on refused outputs, model outputs of the wrong shape and
 // I/O errors. Finished cells survive any exception.
+SweepOutcome run_kl_sweep(SweepEngine& engine, const std::vector<SweepBook>& books, const SweepOptions& options);
+// The same on the CPU engine (make_cpu_engine(model, options.threads)).
 SweepOutcome run_kl_sweep(TeacherForcedModel& model, const std::vector<SweepBook>& books, const SweepOptions& options);
 
 }  // namespace replayssm::eval

@@ -163,10 +163,11 @@ KlStats read_aggregate(hid_t g, const std::vector<int64_t>& edges) {
 }
 
 // The root's string attributes and the metadata members they hold.
-constexpr std::array<std::pair<const char*, std::string ResultsMetadata::*>, 14> kRootStrings = {{
+constexpr std::array<std::pair<const char*, std::string ResultsMetadata::*>, 15> kRootStrings = {{
     {"toolkit_version", &ResultsMetadata::toolkit_version},
     {"git_commit", &ResultsMetadata::git_commit},
     {"host_isa", &ResultsMetadata::host_isa},
+    {"device", &ResultsMetadata::device},
     {"created", &ResultsMetadata::created},
     {"command_line", &ResultsMetadata::command_line},
     {"model_description", &ResultsMetadata::model_description},
@@ -268,6 +269,8 @@ void ResultsWriter::set_toolkit_versions_used(const std::vector<std::string>& ve
 
 void ResultsWriter::set_host_isa(const std::string& host_isa) { h5::write_attr(impl_->file, "host_isa", host_isa); }
 
+void ResultsWriter::set_device(const std::string& device) { h5::write_attr(impl_->file, "device", device); }
+
 void ResultsWriter::commit() {
   h5::write_strings(impl_->file, "config_order", impl_->config_names);
   h5::write_attr(impl_->file, "complete", int64_t{1});
@@ -367,6 +370,7 @@ void write_cell(const std::string& path, const CellRecord& c) {
   h5::write_attr(f, "kl_seconds", c.kl_seconds);
   h5::write_attr(f, "toolkit_version", c.toolkit_version);
   h5::write_attr(f, "host_isa", c.host_isa);
+  h5::write_attr(f, "device", c.device);
   const KlStats& s = c.stats;
   for (const auto& [name, member] : kCellCounts) h5::write_attr(f, name, s.*member);
   for (const auto& [name, member] : kCellSums) h5::write_attr(f, name, s.*member);
@@ -392,6 +396,7 @@ CellRecord read_cell(const std::string& path) {
   c.kl_seconds = h5::read_attr_double(f, "kl_seconds");
   c.toolkit_version = h5::read_attr_string(f, "toolkit_version");
   c.host_isa = attr_or_empty(f, "host_isa");
+  c.device = attr_or_empty(f, "device");
   KlStats s(h5::read_dataset<int64_t>(f, "edges"));
   for (const auto& [name, member] : kCellCounts) s.*member = h5::read_attr_int(f, name);
   for (const auto& [name, member] : kCellSums) s.*member = h5::read_attr_double(f, name);

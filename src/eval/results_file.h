@@ -4,6 +4,7 @@
 // /                         attributes (strings unless noted):
 //     schema = "replayssm-kl-sweep", schema_version (int64) = 1, complete (int64) = 1,
 //     toolkit_version, git_commit, host_isa (build_host_isa() of the builds that computed it),
+//     device (the devices that computed it: "cpu", or "cuda: <GPU name> (sm_XY), compute fp32"),
 //     created (UTC, ISO 8601), command_line,
 //     model_description, model_hash, model_dir, text_dir, tokens_dir, tokenizer, tokenization,
 //     reference_policy = "conv:fp32", n_positions (int64) = N, n_books (int64) = B,
@@ -36,7 +37,7 @@
 //
 // ---- Cell files "replayssm-kl-sweep-cell" (one (configuration, book) of an unfinished sweep) ----
 // attributes: schema, sweep_id, policy, book, config_index, book_index, forward_seconds,
-// kl_seconds, toolkit_version, host_isa, and the exact counters and sums of KlStats (positions,
+// kl_seconds, toolkit_version, host_isa, device, and the exact counters and sums of KlStats (positions,
 // finite_positions, ..., top1_agree, delta_p_count, kl_sum, delta_p_sum); datasets kl [N],
 // edges [K+1], bucket_sum [K], bucket_count [K], percentiles [4]. Merging cells is exact.
 #pragma once
@@ -69,7 +70,7 @@ struct StatField {
 std::span<const StatField> stat_fields();
 
 struct ResultsMetadata {
-  std::string toolkit_version, git_commit, host_isa, created, command_line;
+  std::string toolkit_version, git_commit, host_isa, device, created, command_line;
   std::string model_description, model_hash, model_dir;
   std::string text_dir, tokens_dir, tokenizer, tokenization;
   std::string reference_policy = "conv:fp32";
@@ -106,6 +107,7 @@ class ResultsWriter {
   // Root attributes known only after the cells are read.
   void set_toolkit_versions_used(const std::vector<std::string>& versions);
   void set_host_isa(const std::string& host_isa);
+  void set_device(const std::string& device);
   void commit();
 
  private:
@@ -141,6 +143,7 @@ struct CellRecord {
   KlStats stats;            // exact (sums, counts, percentiles)
   double forward_seconds = 0.0, kl_seconds = 0.0;
   std::string toolkit_version, host_isa;  // host_isa empty: written by a build that did not record it
+  std::string device;                     // empty: written before the device was recorded (all on the CPU)
 };
 void write_cell(const std::string& path, const CellRecord& cell);  // atomic
 // Throws naming the file when it is not a cell file or its arrays are inconsistent.

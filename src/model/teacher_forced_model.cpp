@@ -104,6 +104,7 @@ class CausalLMTeacherForced final : public TeacherForcedModel {
     lm_.lm_head(hidden_rows, true, 0, out);
     return out;
   }
+  const CausalLM* causal_lm() const override { return &lm_; }
 
  private:
   CausalLM lm_;

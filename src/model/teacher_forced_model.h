@@ -16,6 +16,7 @@
 
 namespace replayssm::model {
 
+class CausalLM;
 using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 class TeacherForcedModel {
@@ -32,6 +33,8 @@ class TeacherForcedModel {
   virtual RowMatrixXf final_hidden(std::span<const int32_t> tokens, const ssm::PrecisionPolicy& policy) = 0;
   // Log-probabilities (rows x vocab_size) of the next token for the given hidden-state rows.
   virtual RowMatrixXf log_probs(const Eigen::Ref<const RowMatrixXf>& hidden_rows) = 0;
+  // The loaded checkpoint behind the contract, when it is one (the GPU engine uploads its weights).
+  virtual const CausalLM* causal_lm() const { return nullptr; }
 };
 
 // Loads the checkpoint in `dir` (config.json + safetensors) as a TeacherForcedModel: final_hidden

@@ -79,6 +79,8 @@ BAD_OPTIONS = [
     (["--books", "-1"], ["--books: '-1' is not a non-negative integer below 2^31"]),
     (["--progress", "fancy"], ["--progress: 'fancy' is not one of 'auto', 'bar', 'lines', 'off'"]),
     (["--short-books", "maybe"], ["--short-books: 'maybe' is not one of 'error', 'skip'"]),
+    (["--device", "gpu"], ["--device: 'gpu' is not one of 'cpu', 'cuda', 'auto'"]),
+    (["--compute", "fp16"], ["--compute: 'fp16' is not one of 'fp32', 'bf16x3', 'bf16'"]),
     (["--reference", "shared:nvfp4"], ["--reference: invalid precision policy 'shared:nvfp4'", "missing window"]),
     (["--chunk", "64", "--chunk", "128"], ["--chunk: given 2 times ('64', '128'); give it once"]),
     (["--tokens-dir", ""], ["--tokens-dir: empty"]),
@@ -322,3 +324,23 @@ def test_small_sweep_runs_from_a_config_file(tmp_path, text_dir):
         assert exact.shape == (2, 64) and (exact == 0).all()  # the reference against itself: exactly 0
         lossy = f["configs"]["shared:nvfp4+sr@4"]["kl"][:]
         assert (lossy >= 0).all() and lossy.max() > 0
+        assert f.attrs["device"] == "cpu"  # --device auto on a machine without a GPU
+    assert "kl-sweep: device: cpu (auto: " in r.stderr
+
+
+def gpu_present():
+    return subprocess.run(["sh", "-c", "command -v nvidia-smi && nvidia-smi -L"], capture_output=True).returncode == 0
+
+
+def test_device_and_compute_that_cannot_be_honoured_are_refused(tmp_path, text_dir):
+    base = [MODEL, "--text-dir", str(text_dir), "--length", "16", "--policies", "conv:fp32", "--progress", "off"]
+    r = run(base + ["--out", str(tmp_path / "a.h5"), "--compute", "bf16", "--device", "cpu"])
+    refused(r, "--compute bf16: the CPU computes in FP32 only; use --device cuda")
+    assert not (tmp_path / "a.h5").exists()
+    if gpu_present():
+        pytest.skip("a GPU is present: --device cuda can run here (the GPU suites cover it)")
+    r = run(base + ["--out", str(tmp_path / "b.h5"), "--device", "cuda"])
+    refused(r, "--device cuda: ", "; use --device cpu")
+    r = run(base + ["--out", str(tmp_path / "c.h5"), "--compute", "bf16x3"])
+    refused(r, "--compute bf16x3: the CPU computes in FP32 only; --device auto chose the CPU: ")
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,60 @@
+#include "cli/engine_choice.h"
+
+#include <ostream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#if REPLAYSSM_WITH_CUDA
+#include "eval/cuda_sweep_engine.h"
+#endif
+
+namespace replayssm::cli {
+
+namespace {
+#if REPLAYSSM_WITH_CUDA
+cuda::GemmPrecision gemm_precision(const std::string& compute) {
+  if (compute == "bf16") return cuda::GemmPrecision::bf16;
+  if (compute == "bf16x3") return cuda::GemmPrecision::bf16x3;
+  return cuda::GemmPrecision::fp32;
+}
+#endif
+}  // namespace
+
+std::unique_ptr<eval::SweepEngine> make_engine(model::TeacherForcedModel& model, const EngineChoice& c, int threads,
+                                               int chunk_rows, std::ostream& log) {
+  if (c.device != "cpu" && c.device != "cuda" && c.device != "auto")
+    throw std::invalid_argument(fmt::format("--device: '{}' is not a device: expected cpu, cuda or auto", c.device));
+  if (c.compute != "fp32" && c.compute != "bf16x3" && c.compute != "bf16")
+    throw std::invalid_argument(
+        fmt::format("--compute: '{}' is not a compute precision: expected fp32, bf16x3 or bf16", c.compute));
+  std::string why_not_cuda;
+#if REPLAYSSM_WITH_CUDA
+  if (c.device != "cpu") {
+    why_not_cuda = cuda::cuda_unavailable_reason();
+    if (why_not_cuda.empty()) why_not_cuda = cuda::cuda_engine_unsupported_reason(model);
+  }
+#else
+  why_not_cuda = "this build has no CUDA support (configure with -DREPLAYSSM_CUDA=ON where nvcc is installed)";
+#endif
+  const bool use_cuda = c.device != "cpu" && why_not_cuda.empty();
+  if (c.device == "cuda" && !use_cuda) throw std::invalid_argument("--device cuda: " + why_not_cuda + "; use --device cpu");
+  if (!use_cuda && c.compute != "fp32")
+    throw std::invalid_argument(fmt::format("--compute {}: the CPU computes in FP32 only; {}", c.compute,
+                                            c.device == "cpu" ? "use --device cuda" : "--device auto chose the CPU: " +
+                                                                                          why_not_cuda));
+  if (!use_cuda) {
+    log << fmt::format("{}: device: cpu{}\n", command, c.device == "auto" ? " (auto: " + why_not_cuda + ")" : "");
+    return eval::make_cpu_engine(model, threads);
+  }
+#if REPLAYSSM_WITH_CUDA
+  auto engine = cuda::make_cuda_engine(model, gemm_precision(c.compute), chunk_rows, log);
+  log << fmt::format("{}: device: {}\n", command, engine->device());
+  return engine;
+#else
+  (void)chunk_rows;
+  return nullptr;  // unreachable: use_cuda is false without CUDA
+#endif
+}
+
+}  // namespace replayssm::cli

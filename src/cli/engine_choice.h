@@ -1,0 +1,32 @@
+// --device and --compute of the commands that run a model (kl-sweep, logits): which engine
+// (eval/sweep_engine.h) computes the numbers. cpu: the reference path; cuda: the GPU engine
+// (cuda/eval/cuda_sweep_engine.h); auto: cuda when this build has CUDA, a device is present and
+// every layer of the model has a GPU twin, else cpu, saying why.
+#pragma once
+#include <iosfwd>
+#include <memory>
+#include <string>
+
+#include "eval/sweep_engine.h"
+
+namespace replayssm::cli {
+
+struct EngineChoice {
+  std::string device = "auto";  // cpu | cuda | auto
+  std::string compute = "fp32";  // fp32 | bf16x3 | bf16 (GPU only)
+};
+inline constexpr const char* kDeviceHelp =
+    "cpu | cuda | auto (default auto: cuda when a GPU is present and the model's layers all run there)";
+inline constexpr const char* kComputeHelp =
+    "precision of the non-recurrent layers' matrix products: fp32 (default, the reference semantics) | bf16x3 "
+    "(three BF16 tensor-core products, FP32-accurate) | bf16 (as serving engines run; GPU only)";
+
+// The engine for `model`, or std::invalid_argument (CLI exit 2) when the choice cannot be honoured:
+// cuda asked for without a CUDA build or device or for a model with layers not on the GPU yet, a
+// compute precision other than fp32 on the CPU. The chosen device is said on `log` as
+// "COMMAND: device: ...".
+std::unique_ptr<eval::SweepEngine> make_engine(model::TeacherForcedModel& model, const EngineChoice& choice,
+                                               int threads, int chunk_rows, std::ostream& log,
+                                               const std::string& command);
+
+}  // namespace replayssm::cli

@@ -1,0 +1,55 @@
+// Where a KL sweep's numbers are computed (issue 10 "one sweep runner, two backends"): the runner
+// (kl_sweep.h) owns books, cells, resume and files; an engine owns a model on a device and does,
+// per book, the reference forward once and then, per configuration, the configuration's forward
+// and the per-position comparison (kl_metrics.h PositionResult), handing results back in chunks
+// of consecutive positions. The CPU engine is below; the CUDA engine (cuda/eval/cuda_sweep_engine.h)
+// keeps the reference's hidden states and both distributions on the GPU, so only per-position
+// results reach the host.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "eval/kl_metrics.h"
+#include "model/teacher_forced_model.h"
+#include "ssm/precision_policy.h"
+
+namespace replayssm::eval {
+
+struct CompareTimes {
+  double forward_seconds = 0.0, kl_seconds = 0.0;
+};
+
+// on_phase("forward"), on_phase("KL") as the work moves on; on_results(first, results) for
+// consecutive chunks of positions covering [0, N) in order.
+struct CompareCallbacks {
+  std::function<void(std::string_view phase)> on_phase;
+  std::function<void(int64_t first, std::span<const PositionResult> results)> on_results;
+};
+
+class SweepEngine {
+ public:
+  virtual ~SweepEngine() = default;
+  // The model as the sweep identity sees it (vocabulary, description, content hash).
+  virtual const model::TeacherForcedModel& model() const = 0;
+  // Recorded with every cell and in the result file: "cpu", or "cuda: NVIDIA H200 (sm_90), compute fp32".
+  virtual std::string device() const = 0;
+  // The compute precision of the non-recurrent layers: "fp32" (the reference semantics) or "bf16".
+  virtual std::string compute() const = 0;
+  // Runs `policy` (the reference) over `input` and keeps what compare() needs of it.
+  virtual void set_reference(std::span<const int32_t> input, const ssm::PrecisionPolicy& policy) = 0;
+  // Runs `policy` over the reference's input and compares both next-token distributions at every
+  // position (targets[i]: the true next token of position i), chunk_rows positions at a time.
+  // Throws std::logic_error without a reference, std::runtime_error on model outputs of the wrong shape.
+  virtual CompareTimes compare(const ssm::PrecisionPolicy& policy, std::span<const int32_t> targets, int chunk_rows,
+                               const CompareCallbacks& callbacks) = 0;
+};
+
+// The CPU engine: TeacherForcedModel::final_hidden and log_probs, compared by compare_positions
+// on `threads` threads (0: hardware). The model must outlive the engine.
+std::unique_ptr<SweepEngine> make_cpu_engine(model::TeacherForcedModel& model, int threads);
+
+}  // namespace replayssm::eval
