@@ -20,8 +20,11 @@ namespace replayssm::cuda {
 // What a forward over `positions` positions holds on the device, in bytes.
 struct GpuMemoryPlan {
   int64_t weight_bytes = 0;      // every uploaded weight (float32, + BF16 parts when asked for)
-  int64_t activation_bytes = 0;  // residual stream, normalised copy, block output (N x hidden each)
-  int64_t scratch_bytes = 0;     // the largest block scratch (projections, conv, scan outputs)
+  int64_t activation_bytes = 0;  // normalised copy and block output (N x hidden each), token ids; the
+                                 // residual stream is final_hidden's `out`, the caller's
+  int64_t scratch_bytes = 0;     // the shared block arena (the largest SSM mixer / MLP chunk: projections,
+                                 // conv, scan inputs and outputs) + the largest BF16 split of a GEMM input
+                                 // (bf16, bf16x3) + the attention blocks' own scratch
   int64_t state_bytes = 0;       // scan states (in registers/shared memory: 0 unless spilled to global)
   int64_t total() const { return weight_bytes + activation_bytes + scratch_bytes + state_bytes; }
 };
@@ -29,13 +32,16 @@ struct GpuMemoryPlan {
 class GpuCausalLM {
  public:
   // Uploads `cpu`'s weights (cpu must be load()ed, not inspect()ed). Throws std::runtime_error
-  // naming the model directory and the layer for anything without a GPU twin yet.
+  // "DIR: " + unsupported_reason(cpu) for anything without a GPU twin yet. Owns one stream and one
+  // cuBLAS handle (CUBLAS_DEFAULT_MATH: no TF32) that every op of this model runs on.
   GpuCausalLM(const model::CausalLM& cpu, GemmPrecision gemm);
   ~GpuCausalLM();
   GpuCausalLM(const GpuCausalLM&) = delete;
   GpuCausalLM& operator=(const GpuCausalLM&) = delete;
 
-  // "" when every layer of `cpu` has a GPU twin, else what does not (for --device auto/cuda).
+  // "" when every layer of `cpu` has a GPU twin, else what does not, e.g. "layer 3 (kda) has no GPU
+  // twin yet; use --device cpu" (for --device auto/cuda). Mamba-2, Gated DeltaNet, attention and
+  // dense MLP layers have twins; MoE, KDA and MLA do not yet.
   static std::string unsupported_reason(const model::CausalLM& cpu);
 
   int vocab_size() const;
@@ -48,7 +54,7 @@ class GpuCausalLM {
   // std::invalid_argument naming the position. on_layer_done as for CausalLM::final_hidden.
   void final_hidden(std::span<const int32_t> tokens, const model::PolicyAssignment& policy, DeviceMatrix out,
                     const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done = {}) const;
-  // logits = hidden_rows W_lm^T: rows x vocab (dense), on the device.
+  // logits = hidden_rows W_lm^T: rows x vocab (any ld), on the device, on stream() (not synchronised).
   void lm_logits(ConstDeviceMatrix hidden_rows, DeviceMatrix logits) const;
   cudaStream_t stream() const;
 
