@@ -2,6 +2,14 @@
 // launch, under a PrecisionPolicy's semantics, the twin of ssm::emulate_layer_sequence
 // (src/ssm/sequence_emulator.h), bit-identical to it: same FP32 operations in the same order
 // (ssm/canonical_dot.h), the same quantizers (src/formats) and Philox streams (state_quantizer.h).
+//
+// The kernel runs the emulator's sequential fold, one token after the other. The chunked form
+// (a window's tokens as small matrix products, the T x T triangular solve of the delta rule) is a
+// different evaluation order of the same algebra: it would round differently, so its
+// checkpoints and outputs could not equal the emulator's bit for bit, which is the contract here.
+//
+// Limits (std::invalid_argument beyond them): dk <= 256, dv <= 256; the checks of
+// ssm::check_layer_sequence otherwise (the same exceptions as the CPU twin).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -12,10 +20,24 @@
 
 namespace replayssm::cuda {
 
-// `seq` holds device pointers (layout: ssm::LayerSequence). Checkpoints are not returned unless
-// `checkpoints` is given: then, for tests, every quantization event's stored state(s) are written
-// there (layout: see the definition). Throws std::invalid_argument as the CPU twin does.
-struct ScanCheckpoints;
+inline constexpr int kScanMaxDk = 256, kScanMaxDv = 256;
+
+// Optional output for tests: the stored state(s) after every quantization event of every value
+// head, as the emulator's on_checkpoint sees them (dequantized float32, row-major dv x dk).
+// Layout of each buffer: [value head h][event e][dv][dk], element (h, e, r, c) at
+//   ((h * events + e) * dv + r) * dk + c        (64-bit index)
+// with events = ssm::quantization_events(policy, n_tokens); event e happened at token e
+// (conventional) or (e + 1) L - 1 (shared, split).
+struct ScanCheckpoints {
+  float* recur = nullptr;   // device, n_value_heads * events * dv * dk floats: the recur copy
+  float* read = nullptr;    // split policies: the read copy, same layout; must be null otherwise
+  int64_t events = 0;       // events per head the buffers hold; must equal quantization_events
+};
+
+// `seq` holds device pointers (layout: ssm::LayerSequence). Asynchronous on `stream` (a scratch
+// buffer is allocated and freed in stream order). Checkpoints are written only when `checkpoints`
+// is given. Throws std::invalid_argument / std::out_of_range as the CPU twin does, and
+// std::invalid_argument beyond the limits above or for inconsistent checkpoint buffers.
 void emulate_layer_sequence_gpu(const ssm::LayerSequence& seq, const ssm::PrecisionPolicy& policy, uint32_t layer,
                                 cudaStream_t stream, ScanCheckpoints* checkpoints = nullptr);
 

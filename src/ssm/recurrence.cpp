@@ -5,6 +5,8 @@
 #include <Eigen/Dense>
 #include <fmt/format.h>
 
+#include "ssm/canonical_dot.h"
+
 namespace replayssm::ssm {
 
 Recurrence parse_recurrence(std::string_view text) {
@@ -23,32 +25,58 @@ void check_shape(const HeadGroupShape& shape) {
 
 // ---- plain recurrence ------------------------------------------------------------------------
 
+// S k, S (a . k) and S q take one canonical dot product per row (ssm/canonical_dot.h): the order the
+// CUDA scan kernels reproduce, independent of the host's vector width. Element-wise operations
+// are written out in the order the kernels use (no contraction on either side).
+namespace {
+void canonical_rows_times(const StateMatrix& S, const float* x, Vector& out) {
+  const int rows = static_cast<int>(S.rows()), cols = static_cast<int>(S.cols());
+  out.resize(rows);
+  for (int i = 0; i < rows; ++i) out(i) = canonical_dot(S.data() + static_cast<std::ptrdiff_t>(i) * cols, x, cols);
+}
+}  // namespace
+
 void correction(Recurrence kind, const StateMatrix& S, const Vector& alpha, float beta, const Vector& v,
                 const Vector& k, Vector& u, StepScratch& scratch) {
+  const Eigen::Index dv = S.rows();
   switch (kind) {
     case Recurrence::mamba2: u = v; return;
     case Recurrence::gdn: {
-      scratch.sx.noalias() = S * k;  // S_{t-1} k_t
+      canonical_rows_times(S, k.data(), scratch.sx);  // S_{t-1} k_t
       const float a = alpha(0);
-      u = beta * (v - a * scratch.sx);  // u = b (v - a S k)
+      u.resize(dv);
+      for (Eigen::Index i = 0; i < dv; ++i) u(i) = beta * (v(i) - a * scratch.sx(i));  // u = b (v - a S k)
       return;
     }
-    case Recurrence::kda:
-      scratch.x = alpha.cwiseProduct(k);      // a_t . k_t
-      scratch.sx.noalias() = S * scratch.x;   // S_{t-1} Diag(a_t) k_t
-      u = beta * (v - scratch.sx);            // u = b (v - S (a . k))
+    case Recurrence::kda: {
+      const Eigen::Index dk = S.cols();
+      scratch.x.resize(dk);
+      for (Eigen::Index c = 0; c < dk; ++c) scratch.x(c) = alpha(c) * k(c);  // a_t . k_t
+      canonical_rows_times(S, scratch.x.data(), scratch.sx);                  // S_{t-1} Diag(a_t) k_t
+      u.resize(dv);
+      for (Eigen::Index i = 0; i < dv; ++i) u(i) = beta * (v(i) - scratch.sx(i));  // u = b (v - S (a . k))
       return;
+    }
   }
 }
 
 void decay_and_add(Recurrence kind, StateMatrix& S, const Vector& alpha, const Vector& u, const Vector& k) {
-  const Eigen::Index rows = S.rows();
+  const Eigen::Index rows = S.rows(), cols = S.cols();
+  const float* kk = k.data();
   if (kind == Recurrence::kda) {
-    for (Eigen::Index i = 0; i < rows; ++i)
-      S.row(i) = S.row(i).cwiseProduct(alpha.transpose()) + u(i) * k.transpose();  // S Diag(a) + u k^T
+    const float* a = alpha.data();
+    for (Eigen::Index i = 0; i < rows; ++i) {
+      float* s = S.data() + i * cols;
+      const float ui = u(i);
+      for (Eigen::Index c = 0; c < cols; ++c) s[c] = s[c] * a[c] + ui * kk[c];  // S Diag(a) + u k^T
+    }
   } else {
     const float a = alpha(0);
-    for (Eigen::Index i = 0; i < rows; ++i) S.row(i) = a * S.row(i) + u(i) * k.transpose();  // a S + u k^T
+    for (Eigen::Index i = 0; i < rows; ++i) {
+      float* s = S.data() + i * cols;
+      const float ui = u(i);
+      for (Eigen::Index c = 0; c < cols; ++c) s[c] = a * s[c] + ui * kk[c];  // a S + u k^T
+    }
   }
 }
 
@@ -58,7 +86,7 @@ void plain_step(Recurrence kind, StateMatrix& S, const Vector& alpha, float beta
   decay_and_add(kind, S, alpha, u, k);
 }
 
-void state_output(const StateMatrix& S, const Vector& q, Vector& o) { o.noalias() = S * q; }
+void state_output(const StateMatrix& S, const Vector& q, Vector& o) { canonical_rows_times(S, q.data(), o); }
 
 // ---- window of records -------------------------------------------------------------------------
 

@@ -45,15 +45,17 @@ struct StepScratch {
 };
 
 // The u-form correction of section 1: u = v (mamba2), b (v - a S k) (gdn), b (v - S (a . k)) (kda).
-// `alpha` holds decay_width(kind, dk) values, `beta` is ignored for mamba2.
+// `alpha` holds decay_width(kind, dk) values, `beta` is ignored for mamba2. S k and S (a . k) are
+// canonical dot products per row (ssm/canonical_dot.h), so the CUDA scan reproduces them exactly.
 void correction(Recurrence kind, const StateMatrix& S, const Vector& alpha, float beta, const Vector& v,
                 const Vector& k, Vector& u, StepScratch& scratch);
-// S <- a S + u k^T (mamba2, gdn) or S Diag(a) + u k^T (kda). Element-wise, no reductions.
+// S <- a S + u k^T (mamba2, gdn) or S Diag(a) + u k^T (kda). Element-wise, no reductions:
+// (a * s) + (u_i * k_c), resp. (s * a_c) + (u_i * k_c), each product rounded (no FMA).
 void decay_and_add(Recurrence kind, StateMatrix& S, const Vector& alpha, const Vector& u, const Vector& k);
 // Plain step (conventional decode, section 1): u from S_{t-1}, then S_t. Returns u in `u`.
 void plain_step(Recurrence kind, StateMatrix& S, const Vector& alpha, float beta, const Vector& v, const Vector& k,
                 Vector& u, StepScratch& scratch);
-// o = S q.
+// o = S q, one canonical dot product per row (ssm/canonical_dot.h).
 void state_output(const StateMatrix& S, const Vector& q, Vector& o);
 
 // ---- a window of buffered records (section 2) ----------------------------------------------

@@ -18,6 +18,19 @@ namespace replayssm::ssm {
 
 namespace {
 
+// The policy's conditions on a sequence of n_tokens with dv x dk states (shared by both entry points).
+void check_policy_for_sequence(const char* who, const PrecisionPolicy& policy, int n_tokens, int dv, int dk) {
+  if (policy.window < 1) throw std::invalid_argument(fmt::format("{}: window L = {} < 1", who, policy.window));
+  if (policy.scheme == DecodeScheme::conventional && policy.window != 1)
+    throw std::invalid_argument(fmt::format("{}: conventional decode is window 1, got {}", who, policy.window));
+  check_state_format(policy.recur, dv, dk);
+  if (policy.scheme == DecodeScheme::split) check_state_format(policy.read, dv, dk);
+  const uint64_t events = quantization_events(policy, n_tokens);
+  if (events > kMaxStreamEvents)
+    throw std::invalid_argument(
+        fmt::format("{}: {} quantization events exceed the SR stream's {}", who, events, kMaxStreamEvents));
+}
+
 void validate(const HeadGroupSequence& in, const PrecisionPolicy& policy, const std::vector<float*>& out) {
   check_shape({in.kind, in.dk, in.dv, in.n_value_heads});
   const std::size_t G = static_cast<std::size_t>(in.n_value_heads);
@@ -36,19 +49,7 @@ void validate(const HeadGroupSequence& in, const PrecisionPolicy& policy, const 
     if (in.n_tokens > 0 && (in.alpha[g] == nullptr || in.v[g] == nullptr || out[g] == nullptr ||
                             (has_delta_rule(in.kind) && in.beta[g] == nullptr)))
       throw std::invalid_argument(fmt::format("emulate_sequence: null pointer for value head {}", g));
-  if (policy.window < 1)
-    throw std::invalid_argument(fmt::format("emulate_sequence: window L = {} < 1", policy.window));
-  if (policy.scheme == DecodeScheme::conventional && policy.window != 1)
-    throw std::invalid_argument(
-        fmt::format("emulate_sequence: conventional decode is window 1, got {}", policy.window));
-  check_state_format(policy.recur, in.dv, in.dk);
-  if (policy.scheme == DecodeScheme::split) check_state_format(policy.read, in.dv, in.dk);
-  const uint64_t events = policy.scheme == DecodeScheme::conventional
-                              ? static_cast<uint64_t>(in.n_tokens)
-                              : static_cast<uint64_t>(in.n_tokens / policy.window);
-  if (events > kMaxStreamEvents)
-    throw std::invalid_argument(fmt::format("emulate_sequence: {} quantization events exceed the SR stream's {}",
-                                            events, kMaxStreamEvents));
+  check_policy_for_sequence("emulate_sequence", policy, in.n_tokens, in.dv, in.dk);
 }
 
 // One value head through the whole sequence.
@@ -137,6 +138,13 @@ class HeadEmulator {
 
 }  // namespace
 
+uint64_t quantization_events(const PrecisionPolicy& policy, int n_tokens) {
+  if (n_tokens <= 0) return 0;
+  return policy.scheme == DecodeScheme::conventional || policy.window < 1
+             ? static_cast<uint64_t>(n_tokens)
+             : static_cast<uint64_t>(n_tokens / policy.window);
+}
+
 void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy, HeadGroupId id,
                       const std::vector<float*>& out) {
   emulate_sequence(in, policy, id, out, EmulatorOptions{});
@@ -165,6 +173,124 @@ void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy
     pool.emplace_back([&, i] {
       try {
         for (int g = i; g < G; g += threads) run_head(g);
+      } catch (...) {
+        errors[static_cast<std::size_t>(i)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// ---- one whole layer ----------------------------------------------------------------------------
+
+void check_layer_sequence(const LayerSequence& seq, const PrecisionPolicy& policy, uint32_t layer) {
+  const char* who = "emulate_layer_sequence";
+  if (seq.n_key_heads < 1 || seq.n_value_heads < 1 || seq.n_value_heads % seq.n_key_heads != 0)
+    throw std::invalid_argument(fmt::format("{}: {} value heads are not a positive multiple of {} key heads", who,
+                                            seq.n_value_heads, seq.n_key_heads));
+  const int G = seq.n_value_heads / seq.n_key_heads;
+  check_shape({seq.kind, seq.dk, seq.dv, G});
+  if (seq.n_tokens < 0) throw std::invalid_argument(fmt::format("{}: n_tokens = {} < 0", who, seq.n_tokens));
+  check_policy_for_sequence(who, policy, seq.n_tokens, seq.dv, seq.dk);
+  // The SR stream fields of the last key head (std::out_of_range, as sr_stream throws).
+  sr_stream(HeadGroupId{layer, static_cast<uint32_t>(seq.n_key_heads - 1)}, G - 1, CheckpointCopy::recur, 0);
+  const bool delta = has_delta_rule(seq.kind);
+  if (!delta && seq.beta != nullptr)
+    throw std::invalid_argument(fmt::format("{}: mamba2 takes no beta (pass nullptr)", who));
+  if (seq.n_tokens == 0) return;
+  const int64_t H = seq.n_value_heads, w = decay_width(seq.kind, seq.dk);
+  struct Operand {
+    const char* name;
+    const void* ptr;
+    int64_t ld, width;
+  };
+  const Operand operands[] = {{"q", seq.q, seq.ld_q, int64_t{seq.n_key_heads} * seq.dk},
+                              {"k", seq.k, seq.ld_k, int64_t{seq.n_key_heads} * seq.dk},
+                              {"alpha", seq.alpha, seq.ld_alpha, H * w},
+                              {"beta", delta ? seq.beta : nullptr, seq.ld_beta, delta ? H : 0},
+                              {"v", seq.v, seq.ld_v, H * seq.dv},
+                              {"out", seq.out, seq.ld_out, H * seq.dv}};
+  for (const Operand& o : operands) {
+    if (o.width == 0) continue;  // mamba2's beta
+    if (o.ptr == nullptr) throw std::invalid_argument(fmt::format("{}: {} must be given", who, o.name));
+    if (o.ld < o.width)
+      throw std::invalid_argument(fmt::format("{}: ld_{} = {} is below the row width {} (heads x head width)", who,
+                                              o.name, o.ld, o.width));
+  }
+}
+
+void emulate_layer_sequence(const LayerSequence& seq, const PrecisionPolicy& policy, uint32_t layer,
+                            const EmulatorOptions& options) {
+  check_layer_sequence(seq, policy, layer);
+  if (seq.n_tokens == 0) return;
+  const int n = seq.n_tokens, dk = seq.dk, dv = seq.dv, G = seq.n_value_heads / seq.n_key_heads;
+  const int w = decay_width(seq.kind, dk);
+  const bool delta = has_delta_rule(seq.kind);
+  const std::size_t N = static_cast<std::size_t>(n);
+
+  // One key head group: gather its inputs into the contiguous arrays of HeadGroupSequence, run the
+  // group's emulator, scatter the outputs back (value head h = key_head * G + g).
+  auto run_group = [&](int key_head) {
+    std::vector<float> q(N * dk), k(N * dk);
+    std::vector<std::vector<float>> alpha(G, std::vector<float>(N * w)), v(G, std::vector<float>(N * dv)),
+        out(G, std::vector<float>(N * dv)), beta(delta ? G : 0, std::vector<float>(N));
+    for (std::size_t t = 0; t < N; ++t) {
+      const int64_t ti = static_cast<int64_t>(t);
+      std::copy_n(seq.q + ti * seq.ld_q + int64_t{key_head} * dk, dk, q.begin() + t * dk);
+      std::copy_n(seq.k + ti * seq.ld_k + int64_t{key_head} * dk, dk, k.begin() + t * dk);
+      for (int g = 0; g < G; ++g) {
+        const int64_t h = int64_t{key_head} * G + g;
+        std::copy_n(seq.alpha + ti * seq.ld_alpha + h * w, w, alpha[g].begin() + t * w);
+        std::copy_n(seq.v + ti * seq.ld_v + h * dv, dv, v[g].begin() + t * dv);
+        if (delta) beta[g][t] = seq.beta[ti * seq.ld_beta + h];
+      }
+    }
+    HeadGroupSequence in;
+    in.kind = seq.kind;
+    in.n_tokens = n;
+    in.dk = dk;
+    in.dv = dv;
+    in.n_value_heads = G;
+    in.q = q.data();
+    in.k = k.data();
+    std::vector<float*> outs;
+    for (int g = 0; g < G; ++g) {
+      in.alpha.push_back(alpha[g].data());
+      in.v.push_back(v[g].data());
+      if (delta) in.beta.push_back(beta[g].data());
+      outs.push_back(out[g].data());
+    }
+    EmulatorOptions group_options;
+    group_options.max_threads = 1;  // the threads run whole groups
+    if (options.on_checkpoint)
+      group_options.on_checkpoint = [&](int g, int64_t token, const float* recur, const float* read) {
+        options.on_checkpoint(key_head * G + g, token, recur, read);
+      };
+    emulate_sequence(in, policy, HeadGroupId{layer, static_cast<uint32_t>(key_head)}, outs, group_options);
+    for (std::size_t t = 0; t < N; ++t)
+      for (int g = 0; g < G; ++g)
+        std::copy_n(out[g].begin() + t * dv, dv,
+                    seq.out + static_cast<int64_t>(t) * seq.ld_out + (int64_t{key_head} * G + g) * dv);
+  };
+
+  const int groups = seq.n_key_heads;
+  int threads = options.max_threads > 0 ? options.max_threads
+                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::min(threads, groups);
+  const double work = static_cast<double>(n) * dk * dv * seq.n_value_heads;
+  if (options.on_checkpoint || work < 1e6) threads = 1;
+  if (threads <= 1) {
+    for (int g = 0; g < groups; ++g) run_group(g);
+    return;
+  }
+  std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
+  for (int i = 0; i < threads; ++i) {
+    pool.emplace_back([&, i] {
+      try {
+        for (int g = i; g < groups; g += threads) run_group(g);
       } catch (...) {
         errors[static_cast<std::size_t>(i)] = std::current_exception();
       }

@@ -90,7 +90,21 @@ struct LayerSequence {
   float* out = nullptr;          // out + t * ld_out + h * dv
   int64_t ld_out = 0;
 };
+// Threads run whole key head groups (EmulatorOptions::max_threads; one thread with on_checkpoint).
+// on_checkpoint receives the layer's value head h (not the index within the group). Throws as
+// check_layer_sequence does.
 void emulate_layer_sequence(const LayerSequence& seq, const PrecisionPolicy& policy, uint32_t layer,
                             const EmulatorOptions& options = {});
+
+// The argument checks of emulate_layer_sequence, shared with its GPU twin: std::invalid_argument
+// for shapes (n_value_heads a positive multiple of n_key_heads, G <= 256, dk, dv >= 1,
+// n_tokens >= 0), the policy (as emulate_sequence), a missing operand, a leading dimension below
+// its row width (heads x head width), or a beta given for mamba2; std::out_of_range when the layer
+// or a key head does not fit its SR stream field. Nothing is checked about pointers when n_tokens = 0.
+void check_layer_sequence(const LayerSequence& seq, const PrecisionPolicy& policy, uint32_t layer);
+
+// Quantization events per value head over n_tokens: n_tokens (conventional), else
+// floor(n_tokens / L) (flushes after tokens L, 2L, ...; a last partial window is not flushed).
+uint64_t quantization_events(const PrecisionPolicy& policy, int n_tokens);
 
 }  // namespace replayssm::ssm

@@ -25,8 +25,7 @@ uint64_t sr_stream(HeadGroupId id, int value_head, CheckpointCopy copy, uint64_t
   if (event >= kMaxStreamEvents)
     throw std::out_of_range(
         fmt::format("SR stream: quantization event {} does not fit {} bits", event, kStreamEventBits));
-  return (uint64_t{id.layer} << 48) | (uint64_t{id.key_head} << 36) | (static_cast<uint64_t>(value_head) << 28) |
-         (static_cast<uint64_t>(copy) << 27) | event;
+  return pack_sr_stream(id.layer, id.key_head, static_cast<uint32_t>(value_head), static_cast<uint32_t>(copy), event);
 }
 
 void check_state_format(const StateFormat& f, int dv, int dk) {

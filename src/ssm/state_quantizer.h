@@ -28,6 +28,7 @@
 #include "formats/quantized_matrix.h"
 #include "ssm/precision_policy.h"
 #include "ssm/sequence_emulator.h"
+#include "ssm/sr_stream.h"
 #include "ssm/ssm_types.h"
 
 namespace replayssm::ssm {
@@ -35,10 +36,7 @@ namespace replayssm::ssm {
 // Row-major so that quantization blocks run along dk, the contiguous dimension.
 using StateMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-inline constexpr int kStreamLayerBits = 16, kStreamKeyHeadBits = 12, kStreamValueHeadBits = 8,
-                     kStreamEventBits = 27;
-inline constexpr uint64_t kMaxStreamEvents = uint64_t{1} << kStreamEventBits;
-
+// The stream id of these fields (pack_sr_stream, ssm/sr_stream.h, after range checks).
 uint64_t sr_stream(HeadGroupId id, int value_head, CheckpointCopy copy, uint64_t event);
 
 // Throws std::invalid_argument when a dv x dk state cannot be stored in `f` (block formats need
