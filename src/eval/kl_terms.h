@@ -12,7 +12,8 @@
 // w = 0): KL = A/W + log(G/W) exactly, and G/W = 1 + v with v = (F - A + G0)/W, so
 //   KL = F/W + G0/W + (log1p(v) - v),
 // non-negative sums plus a term of order v^2: no cancellation of O(1) log-normalisers, so a KL of
-// 1e-10 keeps ~15 digits (sum_v p (log p - log q) evaluated directly keeps ~5). The formulas that
+// 1e-10 keeps ~15 digits (sum_v p (log p - log q) evaluated directly kept ~3.5: 3e-4 relative
+// error at KL 5e-11, vocab 248320, against a 113-bit evaluation). The formulas that
 // turn these sums into a PositionResult live in kl_metrics.cpp (finish_position).
 #pragma once
 #include <cfloat>
