@@ -14,8 +14,13 @@
 
 namespace replayssm::cuda {
 
-// ref, cfg: rows x vocab device views (same shape); targets: `rows` device ints (-1: no target);
-// out: `rows` host results. Synchronises `stream`. Throws std::invalid_argument on shape mismatch.
+// ref, cfg: rows x vocab device views (same shape, leading dimensions may differ); targets: `rows`
+// device ints (< 0: no target); out: `rows` host results. Synchronises `stream`. One 256-thread
+// block per row reads both rows twice (maxima, then the double sums of src/eval/kl_terms.h); the
+// final formulas run on the host (eval::finish_position), so results equal the CPU twin's up to the
+// order of the double sums (~1e-15 relative) and repeat bit for bit from run to run.
+// Throws std::invalid_argument on a shape mismatch (naming both shapes), out.size() != rows, a
+// vocabulary outside [1, 2^31), ld < vocab, null pointers, or a target >= vocab (out untouched).
 void compare_positions_gpu(ConstDeviceMatrix ref, ConstDeviceMatrix cfg, const int32_t* targets,
                            std::span<eval::PositionResult> out, cudaStream_t stream);
 

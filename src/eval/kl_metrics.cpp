@@ -19,7 +19,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 template <class F>
 void parallel_for(int64_t n, int threads, F&& f) {
   if (threads <= 1 || n < 2) {
-    for (int64_t i = 0; i < n; ++i) f(0, i);
+    for (int64_t i = 0; i < n; ++i) f(i);
     return;
   }
   const int t_count = static_cast<int>(std::min<int64_t>(threads, n));
@@ -27,8 +27,8 @@ void parallel_for(int64_t n, int threads, F&& f) {
   pool.reserve(static_cast<std::size_t>(t_count));
   for (int t = 0; t < t_count; ++t) {
     const int64_t lo = n * t / t_count, hi = n * (t + 1) / t_count;
-    pool.emplace_back([&f, t, lo, hi] {
-      for (int64_t i = lo; i < hi; ++i) f(t, i);
+    pool.emplace_back([&f, lo, hi] {
+      for (int64_t i = lo; i < hi; ++i) f(i);
     });
   }
   for (auto& th : pool) th.join();
@@ -56,59 +56,116 @@ int bucket_of(const std::vector<int64_t>& edges, int64_t length) {
   return static_cast<int>(it - edges.begin()) - 1;
 }
 
-PositionResult compare_position(const float* ref, const float* cfg, int vocab, int32_t target, double* scratch) {
-  PositionResult r;
-  double mr = -kInf, mc = -kInf;
-  int ar = -1, ac = -1;
-  bool bad_r = false, bad_c = false;
-  for (int i = 0; i < vocab; ++i) {
-    const double a = ref[i], c = cfg[i];
-    if (std::isnan(a) || a == kInf) {
-      bad_r = true;
-    } else if (a > mr) {
-      mr = a;
-      ar = i;
-    }
-    if (!std::isfinite(c)) {
-      ++r.nonfinite_values;
-      if (std::isnan(c) || c == kInf) bad_c = true;
-    } else if (c > mc) {
-      mc = c;
-      ac = i;
+namespace {
+
+// |G/W - 1| below this: the row pair is close (see finish_position).
+constexpr double kCloseRatio = 0.0625;
+
+// log1p(v) - v without cancellation: -v^2 sum_k (-v)^k / (k + 2), to v^14/16 (truncation below
+// 2e-19 relative for |v| < 1/16); log1p(v) - v directly outside.
+double log1p_minus_x(double v) {
+  if (!(std::abs(v) < kCloseRatio)) return std::log1p(v) - v;
+  double q = 1.0 / 16.0;
+  for (int k = 13; k >= 0; --k) q = q * -v + 1.0 / (k + 2);
+  return -v * v * q;
+}
+
+// Pass-2 sums run over blocks of this many entries, then over the block sums: the rounding error
+// of a sum of n terms grows like sqrt(n) ulps sequentially, ~sqrt(1024) + sqrt(n / 1024) blocked
+// (the GPU sums per thread, then over a tree; both stay near 1e-15 relative at vocab 262144).
+constexpr int kSumBlock = 1024;
+
+// Both passes of one row pair, in index order.
+kl::RowSums row_sums(const float* ref, const float* cfg, int vocab, int32_t target) {
+  kl::RowSums s;
+  s.scan = kl::scan_init();
+  for (int i = 0; i < vocab; ++i) kl::scan_element(s.scan, i, ref[i], cfg[i]);
+  s.sums = kl::sum_init();
+  s.anchor = 0.0;
+  s.target = target;
+  s.ref_target = target >= 0 ? ref[target] : 0.0f;
+  s.cfg_target = target >= 0 ? cfg[target] : 0.0f;
+  if (kl::scan_valid(s.scan)) {
+    s.anchor = kl::choose_anchor(s.scan, cfg[s.scan.ref_arg]);
+    const double ref_max = s.scan.ref_max, shift = ref_max - s.anchor;
+    for (int b0 = 0; b0 < vocab; b0 += kSumBlock) {
+      kl::SumState block = kl::sum_init();
+      for (int i = b0, end = std::min(vocab, b0 + kSumBlock); i < end; ++i)
+        kl::sum_element(block, ref_max, s.anchor, shift, ref[i], cfg[i]);
+      kl::sum_merge(s.sums, block);
     }
   }
-  if (bad_r || ar < 0) {
+  return s;
+}
+
+}  // namespace
+
+PositionResult finish_position(const kl::RowSums& s) {
+  PositionResult r;
+  r.nonfinite_values = s.scan.nonfinite;
+  if (s.scan.ref_bad || s.scan.ref_arg < 0) {
     r.ref_finite = false;
     r.finite = false;
     r.kl = kNaN;
     return r;
   }
-  if (bad_c || ac < 0) {
+  if (s.scan.cfg_bad || s.scan.cfg_arg < 0) {
     r.finite = false;
     r.kl = kNaN;
     return r;
   }
-  double zr = 0.0, zc = 0.0;
-  for (int i = 0; i < vocab; ++i) {
-    const double e = std::exp(static_cast<double>(ref[i]) - mr);
-    scratch[i] = e;
-    zr += e;
-    zc += std::exp(static_cast<double>(cfg[i]) - mc);
+  const kl::SumState& m = s.sums;
+  // W >= 1 (w = 1 at the reference's argmax) and G >= 1 (exp(max cfg - anchor) >= 1); G/W = 1 + v.
+  const double W = m.w_sum, G = m.cfg_ref + m.cfg_rest, ratio = G / W;
+  // Close rows: v from the sums of kl_terms.h, free of the rounding of ratio - 1 (v ~ 0 there).
+  // It needs every w > 0 entry in F and A, i.e. no cfg = -Inf where p_ref > 0.
+  const bool close = !m.cfg_zero && std::abs(ratio - 1.0) < kCloseRatio;
+  const double v = close ? (m.f_sum - m.e_sum + m.cfg_rest) / W : ratio - 1.0;
+  if (m.cfg_zero)
+    r.kl = kInf;
+  else if (ratio <= 2.0)  // KL = F/W + G0/W + log1p(v) - v: cancels only ~v^2/2, not O(1) normalisers
+    r.kl = m.f_sum / W + m.cfg_rest / W + log1p_minus_x(v);
+  else  // cfg's mass far above the anchor's scale: F ~ G, use KL = A/W + log(G/W) instead
+    r.kl = m.e_sum / W + std::log(ratio);
+  r.top1_agree = s.scan.ref_arg == s.scan.cfg_arg;
+  r.has_target = s.target >= 0;
+  if (r.has_target) {
+    const double ref_max = s.scan.ref_max, rt = s.ref_target, ct = s.cfg_target;
+    const double p = std::exp(rt - ref_max) / W;
+    if (close && p > 0.0 && ct > -kInf) {
+      // q/p = exp(-e_t) W/G: delta_p = p expm1(-e_t - log1p(v)) keeps its digits when q ~ p.
+      const double e_t = (rt - ct) - (ref_max - s.anchor);
+      r.delta_p = p * std::expm1(-e_t - std::log1p(v));
+    } else {
+      r.delta_p = std::exp(ct - s.anchor) / G - p;
+    }
   }
-  const double lse_r = mr + std::log(zr), lse_c = mc + std::log(zc);
-  double kl = 0.0;
-  for (int i = 0; i < vocab; ++i) {
-    if (scratch[i] == 0.0) continue;  // p_ref = 0 contributes nothing
-    const double p = scratch[i] / zr;
-    kl += p * ((static_cast<double>(ref[i]) - lse_r) - (static_cast<double>(cfg[i]) - lse_c));
-  }
-  r.kl = kl;
-  r.top1_agree = ar == ac;
-  r.has_target = target >= 0;
-  if (r.has_target)
-    r.delta_p = std::exp(static_cast<double>(cfg[target]) - lse_c) - std::exp(static_cast<double>(ref[target]) - lse_r);
-  if (!std::isfinite(kl)) r.finite = false;
+  if (!std::isfinite(r.kl)) r.finite = false;
   return r;
+}
+
+PositionResult compare_position(const float* ref, const float* cfg, int vocab, int32_t target) {
+  if (target >= vocab)
+    throw std::invalid_argument(
+        fmt::format("compare_position: target token {} is not below the vocabulary size {}", target, vocab));
+  return finish_position(row_sums(ref, cfg, vocab, target));
+}
+
+void compare_positions(const float* ref, const float* cfg, int64_t rows, int vocab, int64_t ld, const int32_t* targets,
+                       PositionResult* out, int threads) {
+  if (rows < 0) throw std::invalid_argument(fmt::format("compare_positions: {} rows", rows));
+  if (vocab < 1) throw std::invalid_argument(fmt::format("compare_positions: vocabulary size {} (expected >= 1)", vocab));
+  if (ld < vocab)
+    throw std::invalid_argument(
+        fmt::format("compare_positions: leading dimension {} is below the vocabulary size {}", ld, vocab));
+  for (int64_t i = 0; i < rows; ++i)
+    if (targets[i] >= vocab)
+      throw std::invalid_argument(fmt::format(
+          "compare_positions: target token {} of row {} is not below the vocabulary size {}", targets[i], i, vocab));
+  const int t_count = static_cast<int>(std::clamp<int64_t>(rows / 8, 1, std::max(1, threads)));
+  parallel_for(rows, t_count, [&](int64_t i) {
+    out[i] = finish_position(row_sums(ref + i * ld, cfg + i * ld, vocab, targets[i]));
+  });
 }
 
 Percentiles percentiles(std::span<const float> values) {
@@ -206,35 +263,45 @@ CellAccumulator::CellAccumulator(int64_t n_positions, std::vector<int64_t> edges
     throw std::invalid_argument(fmt::format("CellAccumulator: bucket edges must end at n = {}", n_positions));
 }
 
+void CellAccumulator::check_unseen(int64_t first, int64_t rows) const {
+  if (first < 0 || rows < 0 || first + rows > n_)
+    throw std::invalid_argument(fmt::format("KL chunk: positions [{}, {}) outside [0, {})", first, first + rows, n_));
+  for (int64_t i = 0; i < rows; ++i)
+    if (seen_[static_cast<std::size_t>(first + i)])
+      throw std::invalid_argument(fmt::format("KL chunk: position {} added twice", first + i));
+}
+
 void CellAccumulator::add_chunk(int64_t first, const Eigen::Ref<const LogProbRows>& ref,
                                 const Eigen::Ref<const LogProbRows>& cfg, std::span<const int32_t> targets) {
   const int64_t rows = ref.rows();
-  const auto vocab = static_cast<int>(ref.cols());
   if (cfg.rows() != rows || cfg.cols() != ref.cols())
     throw std::invalid_argument(fmt::format("KL chunk: reference log-probs are {}x{}, configuration {}x{}", rows,
                                             ref.cols(), cfg.rows(), cfg.cols()));
   if (static_cast<int64_t>(targets.size()) != rows)
     throw std::invalid_argument(fmt::format("KL chunk: {} rows but {} targets", rows, targets.size()));
-  if (first < 0 || first + rows > n_)
-    throw std::invalid_argument(fmt::format("KL chunk: positions [{}, {}) outside [0, {})", first, first + rows, n_));
-  for (int64_t i = 0; i < rows; ++i) {
-    if (seen_[static_cast<std::size_t>(first + i)])
-      throw std::invalid_argument(fmt::format("KL chunk: position {} added twice", first + i));
-    if (targets[static_cast<std::size_t>(i)] >= vocab)
-      throw std::invalid_argument(fmt::format("KL chunk: target token {} at position {} is not below the vocabulary "
-                                              "size {}", targets[static_cast<std::size_t>(i)], first + i, vocab));
-  }
+  if (ref.cols() > std::numeric_limits<int>::max())
+    throw std::invalid_argument(fmt::format("KL chunk: vocabulary size {} above {}", ref.cols(),
+                                            std::numeric_limits<int>::max()));
+  check_unseen(first, rows);
+  if (rows == 0) return;
   results_.resize(static_cast<std::size_t>(rows));
-  const int threads = static_cast<int>(std::min<int64_t>(threads_, std::max<int64_t>(1, rows / 8)));
-  if (static_cast<int>(scratch_.size()) < threads) scratch_.resize(static_cast<std::size_t>(threads));
-  for (int t = 0; t < threads; ++t) scratch_[static_cast<std::size_t>(t)].resize(static_cast<std::size_t>(vocab));
-  parallel_for(rows, threads, [&](int t, int64_t i) {
-    results_[static_cast<std::size_t>(i)] =
-        compare_position(ref.row(i).data(), cfg.row(i).data(), vocab, targets[static_cast<std::size_t>(i)],
-                         scratch_[static_cast<std::size_t>(t)].data());
-  });
+  const auto vocab = static_cast<int>(ref.cols());
+  // Rows of a row-major Eigen::Ref are outerStride() floats apart; one call when both strides agree.
+  if (ref.outerStride() == cfg.outerStride()) {
+    compare_positions(ref.data(), cfg.data(), rows, vocab, ref.outerStride(), targets.data(), results_.data(), threads_);
+  } else {
+    for (int64_t i = 0; i < rows; ++i)
+      compare_positions(ref.row(i).data(), cfg.row(i).data(), 1, vocab, vocab, &targets[static_cast<std::size_t>(i)],
+                        &results_[static_cast<std::size_t>(i)]);
+  }
+  add_results(first, results_);
+}
+
+void CellAccumulator::add_results(int64_t first, std::span<const PositionResult> results) {
+  const auto rows = static_cast<int64_t>(results.size());
+  check_unseen(first, rows);
   for (int64_t i = 0; i < rows; ++i) {
-    const PositionResult& r = results_[static_cast<std::size_t>(i)];
+    const PositionResult& r = results[static_cast<std::size_t>(i)];
     const auto p = static_cast<std::size_t>(first + i);
     kl_[p] = static_cast<float>(r.kl);
     seen_[p] = 1;

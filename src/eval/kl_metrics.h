@@ -1,11 +1,22 @@
 // Teacher-forced KL between the FP32 reference and a configuration (REPLAYSSM.md section 10),
-// computed from log-probability rows chunk by chunk, in double precision:
+// computed from rows of log-probabilities or raw logits chunk by chunk, in double precision:
 //
 //   KL_t = sum_v p_ref,t(v) (log p_ref,t(v) - log p_cfg,t(v))
 //
-// Each row is renormalised in double first (log p = row - logsumexp(row)), so a float32
-// log_softmax that sums to 1 +- rounding defines the distribution exactly and identical rows give
-// KL = 0 exactly. Terms with p_ref = 0 (log p_ref = -inf) contribute 0.
+// Each row is renormalised in double first (log p = row - logsumexp(row)), so a row of raw logits
+// and a row of log-probabilities define the same distribution (up to the float32 rounding of the
+// latter), a float32 log_softmax that sums to 1 +- rounding defines the distribution exactly, and
+// identical rows give KL = 0 exactly. Terms with p_ref = 0 contribute 0; p_ref = 0 means
+// exp(log p_ref - max) is 0 in double (log p_ref = -inf, or more than ~745 below the row's max).
+//
+// The sum is evaluated in a form without cancellation (kl_terms.h): KL = F/W + G0/W + (log1p(v) - v)
+// with non-negative F, G0 and |v| small for close rows, so a KL of 1e-10 is resolved to ~1e-15
+// relative (the direct sum above, the earlier evaluation, was off by 3e-4 relative at 5e-11).
+// Error: ~2^-53 (c sqrt(vocab) + m^2 / (2 KL)) relative, m = E_p[log p_ref - log p_cfg] minus its
+// value at the reference's top token (of the size of sqrt(2 KL) for noise-like differences; a
+// row where only the top token moves is the bad case: 1e-11 measured at KL 4e-7).
+// The CPU (compare_positions) and the GPU (cuda::compare_positions_gpu) evaluate the same terms;
+// they differ only in the order of the sums.
 //
 // Non-finite values are results, never errors: a configuration row holding NaN or +-Inf, or a KL
 // that comes out non-finite (log p_cfg = -inf where p_ref > 0), marks the position non-finite. Its
@@ -22,6 +33,8 @@
 #include <vector>
 
 #include <Eigen/Dense>
+
+#include "eval/kl_terms.h"
 
 namespace replayssm::eval {
 
@@ -45,8 +58,19 @@ struct PositionResult {
   int64_t nonfinite_values = 0;  // NaN/+-Inf entries in the configuration row
 };
 
-// One position. `scratch` must hold `vocab` doubles. target < 0: no next token known.
-PositionResult compare_position(const float* ref, const float* cfg, int vocab, int32_t target, double* scratch);
+// One position. target < 0: no next token known; target >= vocab: std::invalid_argument.
+PositionResult compare_position(const float* ref, const float* cfg, int vocab, int32_t target);
+
+// `rows` positions: row i of ref and of cfg starts at ref + i * ld, cfg + i * ld (row-major,
+// ld >= vocab); targets[i] is its next token (< 0: none). out[i] = compare_position(row i), on up
+// to `threads` threads (at most one per 8 rows). Throws std::invalid_argument on vocab < 1,
+// ld < vocab or a target >= vocab (naming the row), before computing anything.
+void compare_positions(const float* ref, const float* cfg, int64_t rows, int vocab, int64_t ld, const int32_t* targets,
+                       PositionResult* out, int threads = 1);
+
+// A row pair's two-pass sums (kl_terms.h) to its result: the one evaluation of the final formulas,
+// for the CPU rows and the rows summed on the GPU alike.
+PositionResult finish_position(const kl::RowSums& sums);
 
 // Percentiles of the finite values (numpy's default "linear" method, so np.percentile of the
 // stored float32 values reproduces them exactly); all NaN when there is no finite value.
@@ -90,9 +114,14 @@ class CellAccumulator {
   // threads: worker threads for the rows of a chunk (0: hardware concurrency).
   CellAccumulator(int64_t n_positions, std::vector<int64_t> edges, int threads = 0);
   // Rows 0.. of ref and cfg are positions first, first+1, ...; targets[i] is the true next token
-  // of position first + i (or -1). Throws std::invalid_argument on shape mismatches or rows past n.
+  // of position first + i (or -1). Throws std::invalid_argument on shape mismatches, bad targets,
+  // rows past n or positions added before. compare_positions, then add_results.
   void add_chunk(int64_t first, const Eigen::Ref<const LogProbRows>& ref, const Eigen::Ref<const LogProbRows>& cfg,
                  std::span<const int32_t> targets);
+  // Results computed elsewhere (cuda::compare_positions_gpu) for positions first, first+1, ...,
+  // accumulated as add_chunk accumulates its own. Throws std::invalid_argument on rows past n or
+  // positions added before (then nothing is added).
+  void add_results(int64_t first, std::span<const PositionResult> results);
   bool complete() const { return added_ == n_; }
   int64_t positions_added() const { return added_; }
   const std::vector<float>& kl() const { return kl_; }
@@ -107,7 +136,8 @@ class CellAccumulator {
   std::vector<uint8_t> seen_;
   KlStats stats_;
   std::vector<PositionResult> results_;
-  std::vector<std::vector<double>> scratch_;
+
+  void check_unseen(int64_t first, int64_t rows) const;
 };
 
 }  // namespace replayssm::eval

@@ -60,11 +60,10 @@ TEST_CASE("KL, top-1 and delta-p agree with a direct float64 computation on rand
     boost::random::normal_distribution<double> noise(0.0, 0.3);
     for (int r = 0; r < cfg.rows(); ++r)
       for (int v = 0; v < vocab; ++v) cfg(r, v) += static_cast<float>(noise(rng));  // unnormalised on purpose
-    std::vector<double> scratch(static_cast<std::size_t>(vocab));
     boost::random::uniform_int_distribution<int> tok(0, vocab - 1);
     for (int r = 0; r < ref.rows(); ++r) {
       const int32_t target = tok(rng);
-      const PositionResult p = compare_position(ref.row(r).data(), cfg.row(r).data(), vocab, target, scratch.data());
+      const PositionResult p = compare_position(ref.row(r).data(), cfg.row(r).data(), vocab, target);
       const double d = direct_kl(ref.row(r).data(), cfg.row(r).data(), vocab);
       CAPTURE(vocab);
       CAPTURE(r);
@@ -92,9 +91,8 @@ TEST_CASE("KL, top-1 and delta-p agree with a direct float64 computation on rand
 TEST_CASE("identical distributions give KL exactly 0; zero-probability entries contribute nothing") {
   boost::random::mt19937_64 rng(replayssm::test::kBaseSeed + 2);
   const LogProbRows ref = random_log_probs(5, 300, 4.0, rng);
-  std::vector<double> scratch(300);
   for (int r = 0; r < 5; ++r) {
-    const PositionResult p = compare_position(ref.row(r).data(), ref.row(r).data(), 300, 3, scratch.data());
+    const PositionResult p = compare_position(ref.row(r).data(), ref.row(r).data(), 300, 3);
     CHECK(p.kl == 0.0);
     CHECK(p.delta_p == 0.0);
     CHECK(p.top1_agree);
@@ -103,13 +101,13 @@ TEST_CASE("identical distributions give KL exactly 0; zero-probability entries c
   const float inf = std::numeric_limits<float>::infinity();
   const float a[3] = {std::log(0.5f), std::log(0.5f), -inf};
   const float b[3] = {std::log(0.25f), std::log(0.75f), -inf};
-  const PositionResult p = compare_position(a, b, 3, 0, scratch.data());
+  const PositionResult p = compare_position(a, b, 3, 0);
   CHECK(p.finite);
   CHECK(p.nonfinite_values == 1);
   CHECK(p.kl == doctest::Approx(0.5 * std::log(0.5 / 0.25) + 0.5 * std::log(0.5 / 0.75)));
   // log p_cfg = -inf where p_ref > 0: KL = +inf, a non-finite position.
   const float c[3] = {0.0f, -inf, -inf};
-  const PositionResult q = compare_position(b, c, 3, 0, scratch.data());
+  const PositionResult q = compare_position(b, c, 3, 0);
   CHECK_FALSE(q.finite);
   CHECK(q.kl == std::numeric_limits<double>::infinity());
 }
@@ -261,4 +259,170 @@ TEST_CASE("KlStats merge pools counts and sums") {
   CHECK(a.bucket_count[2] == 1);
   KlStats other(length_bucket_edges(65));
   CHECK_THROWS_AS(a.merge(other), std::invalid_argument);
+}
+
+namespace {
+
+// Bitwise equality of two results (NaN equal to NaN of any payload: the class is what is stored).
+bool same_result(const PositionResult& a, const PositionResult& b) {
+  const auto same = [](double x, double y) { return (std::isnan(x) && std::isnan(y)) || x == y; };
+  return same(a.kl, b.kl) && same(a.delta_p, b.delta_p) && a.has_target == b.has_target &&
+         a.top1_agree == b.top1_agree && a.finite == b.finite && a.ref_finite == b.ref_finite &&
+         a.nonfinite_values == b.nonfinite_values;
+}
+
+// The KL centred on the exact mean in long double, an arrangement independent of kl_terms.h:
+// with e = d - E_p[d] (d = log-ratio of the rows), KL = E_p[e] + log1p(E_p[expm1(-e)]), where the
+// first term absorbs the rounding of the mean. Accurate to ~1e-14 relative at KL ~ 1e-10.
+long double centred_kl(const float* a, const float* b, int vocab) {
+  long double ma = -INFINITY;
+  for (int i = 0; i < vocab; ++i) ma = std::max(ma, static_cast<long double>(a[i]));
+  long double w_sum = 0, wd = 0;
+  for (int i = 0; i < vocab; ++i) {
+    const long double w = std::exp(static_cast<long double>(a[i]) - ma);
+    w_sum += w;
+    wd += w * (static_cast<long double>(a[i]) - b[i]);
+  }
+  const long double mean = wd / w_sum;
+  long double t = 0, s = 0;
+  for (int i = 0; i < vocab; ++i) {
+    const long double w = std::exp(static_cast<long double>(a[i]) - ma);
+    const long double e = (static_cast<long double>(a[i]) - b[i]) - mean;
+    t += w * e;
+    s += w * std::expm1(-e);
+  }
+  return t / w_sum + std::log1p(s / w_sum);
+}
+
+}  // namespace
+
+TEST_CASE("compare_positions over strided rows equals compare_position row by row; add_results equals add_chunk") {
+  boost::random::mt19937_64 rng(replayssm::test::kBaseSeed + 5);
+  const int n = 37, V = 61, ld = V + 5;
+  const LogProbRows ref = random_log_probs(n, V, 2.5, rng);
+  LogProbRows cfg = ref;
+  boost::random::normal_distribution<double> noise(0.0, 1.0);
+  for (int r = 0; r < n; ++r)
+    for (int v = 0; v < V; ++v) cfg(r, v) += static_cast<float>(noise(rng) * (r % 3 == 0 ? 1e-4 : 0.5));
+  cfg(4, 7) = -INFINITY;                                    // KL = +Inf
+  cfg(9, 60) = std::numeric_limits<float>::quiet_NaN();    // non-finite configuration row
+  cfg(11, 3) = cfg(11, 40) = cfg.row(11).maxCoeff() + 1.0f;  // a tie for the argmax
+  // Padded copies: the 5 floats after each row are NaN, so reading past the vocabulary shows.
+  std::vector<float> ref_pad(static_cast<std::size_t>(n) * ld, NAN), cfg_pad(ref_pad);
+  for (int r = 0; r < n; ++r)
+    for (int v = 0; v < V; ++v) {
+      ref_pad[static_cast<std::size_t>(r) * ld + v] = ref(r, v);
+      cfg_pad[static_cast<std::size_t>(r) * ld + v] = cfg(r, v);
+    }
+  std::vector<int32_t> targets(n);
+  for (int i = 0; i < n; ++i) targets[static_cast<std::size_t>(i)] = i % 5 == 0 ? -1 : (11 * i) % V;
+
+  for (int threads : {1, 3}) {
+    std::vector<PositionResult> out(n);
+    compare_positions(ref_pad.data(), cfg_pad.data(), n, V, ld, targets.data(), out.data(), threads);
+    for (int i = 0; i < n; ++i) {
+      CAPTURE(i);
+      CHECK(same_result(out[static_cast<std::size_t>(i)],
+                        compare_position(ref.row(i).data(), cfg.row(i).data(), V, targets[static_cast<std::size_t>(i)])));
+    }
+    CHECK(std::isinf(out[4].kl));
+    CHECK_FALSE(out[4].finite);
+    CHECK(std::isnan(out[9].kl));
+    CHECK_FALSE(out[5].has_target);
+  }
+
+  // add_results of compare_positions' output accumulates exactly as add_chunk (same order of
+  // positions, other chunk sizes); the Eigen path reads the padded rows through their outer stride.
+  using Strided = Eigen::Map<const LogProbRows, 0, Eigen::OuterStride<>>;
+  const Strided ref_view(ref_pad.data(), n, V, Eigen::OuterStride<>(ld));
+  const Strided cfg_view(cfg_pad.data(), n, V, Eigen::OuterStride<>(ld));
+  const auto edges = length_bucket_edges(n);
+  CellAccumulator by_chunk(n, edges, 2), by_results(n, edges, 1);
+  by_chunk.add_chunk(0, ref_view.topRows(20), cfg_view.topRows(20), std::span<const int32_t>(targets).first(20));
+  by_chunk.add_chunk(20, ref.bottomRows(n - 20), cfg.bottomRows(n - 20), std::span<const int32_t>(targets).last(n - 20));
+  std::vector<PositionResult> all(n);
+  compare_positions(ref.data(), cfg.data(), n, V, V, targets.data(), all.data(), 1);
+  by_results.add_results(0, std::span<const PositionResult>(all).first(30));
+  by_results.add_results(30, std::span<const PositionResult>(all).last(n - 30));
+  const KlStats a = by_chunk.finish(), b = by_results.finish();
+  for (int i = 0; i < n; ++i) {
+    const float x = by_chunk.kl()[static_cast<std::size_t>(i)], y = by_results.kl()[static_cast<std::size_t>(i)];
+    CHECK(((std::isnan(x) && std::isnan(y)) || x == y));
+  }
+  CHECK(a.bucket_sum == b.bucket_sum);
+  CHECK(a.bucket_count == b.bucket_count);
+  CHECK(a.kl_sum == b.kl_sum);
+  CHECK(a.delta_p_sum == b.delta_p_sum);
+  CHECK(a.top1_agree == b.top1_agree);
+  CHECK(a.nonfinite_positions == b.nonfinite_positions);
+  CHECK(a.nonfinite_values == b.nonfinite_values);
+  CHECK(a.pct.value == b.pct.value);
+  // add_results refuses what add_chunk refuses, and adds nothing then.
+  CellAccumulator c(n, edges, 1);
+  c.add_results(0, std::span<const PositionResult>(all).first(10));
+  CHECK_THROWS_AS(c.add_results(5, std::span<const PositionResult>(all).first(10)), std::invalid_argument);
+  CHECK_THROWS_AS(c.add_results(n - 5, std::span<const PositionResult>(all).first(10)), std::invalid_argument);
+  CHECK(c.positions_added() == 10);
+}
+
+TEST_CASE("compare_positions refuses bad shapes and targets, naming the row") {
+  const float row[4] = {0.0f, -1.0f, -2.0f, -3.0f};
+  PositionResult out[2];
+  const int32_t ok[2] = {0, -1}, bad[2] = {1, 4};
+  CHECK_THROWS_AS(compare_positions(row, row, 1, 0, 4, ok, out), std::invalid_argument);
+  CHECK_THROWS_AS(compare_positions(row, row, 1, 4, 3, ok, out), std::invalid_argument);
+  const std::string msg = replayssm::test::error_of<std::invalid_argument>(
+      [&] { compare_positions(row, row, 2, 2, 2, bad, out); });
+  CHECK(replayssm::test::contains(msg, "target token 4 of row 1"));
+  CHECK_THROWS_AS(compare_position(row, row, 4, 4), std::invalid_argument);
+}
+
+TEST_CASE("a KL of 1e-10 is resolved to 1e-12 relative, from log-probs and from raw logits") {
+  boost::random::mt19937_64 rng(replayssm::test::kBaseSeed + 6);
+  for (int vocab : {1000, 50257}) {
+    const LogProbRows ref = random_log_probs(4, vocab, 3.0, rng);
+    boost::random::normal_distribution<double> noise(0.0, 1.0);
+    for (int r = 0; r < 4; ++r) {
+      const double sigma = r < 2 ? 1.4e-5 : 1e-3, offset = r % 2 ? 7.25 : 0.0;  // KL ~ sigma^2 / 2
+      std::vector<float> cfg(static_cast<std::size_t>(vocab));
+      for (int v = 0; v < vocab; ++v) cfg[static_cast<std::size_t>(v)] = static_cast<float>(ref(r, v) + offset + sigma * noise(rng));
+      const PositionResult p = compare_position(ref.row(r).data(), cfg.data(), vocab, 1);
+      const auto oracle = static_cast<double>(centred_kl(ref.row(r).data(), cfg.data(), vocab));
+      CAPTURE(vocab);
+      CAPTURE(r);
+      CAPTURE(oracle);
+      CAPTURE(p.kl);
+      CHECK(oracle > 0.1 * sigma * sigma);
+      CHECK(std::abs(p.kl - oracle) <= 1e-12 * oracle);
+    }
+  }
+}
+
+TEST_CASE("edge rows: first-index ties, cfg far below at the reference's top token, -inf at the top token") {
+  // Ties: the first index wins in both rows.
+  const float a[5] = {0.0f, 1.0f, -1.0f, 1.0f, 0.5f}, b[5] = {2.0f, 0.0f, 2.0f, 2.0f, 0.0f}, c[5] = {0.0f, 1.0f, 1.0f, -1.0f, 0.0f};
+  CHECK_FALSE(compare_position(a, b, 5, 0).top1_agree);  // argmax 1 vs 0
+  CHECK(compare_position(a, c, 5, 0).top1_agree);        // argmax 1 vs 1
+  // cfg 800 below its max at the reference's argmax (the anchor moves to cfg's max): finite KL.
+  const float r2[2] = {0.0f, -1.0f}, c2[2] = {-800.0f, 0.0f};
+  const double p0 = 1.0 / (1.0 + std::exp(-1.0)), p1 = 1.0 - p0, lq0 = -800.0 - std::log1p(std::exp(-800.0));
+  const PositionResult x = compare_position(r2, c2, 2, 0);
+  CHECK(x.finite);
+  CHECK(x.kl == doctest::Approx(p0 * (std::log(p0) - lq0) + p1 * std::log(p1)).epsilon(1e-14));
+  CHECK(x.delta_p == doctest::Approx(std::exp(lq0) - p0).epsilon(1e-14));
+  // cfg = -inf at the reference's argmax: KL = +inf, delta-p still defined.
+  const float c3[2] = {-INFINITY, 0.0f};
+  const PositionResult y = compare_position(r2, c3, 2, 1);
+  CHECK(y.kl == std::numeric_limits<double>::infinity());
+  CHECK_FALSE(y.finite);
+  CHECK(y.nonfinite_values == 1);
+  CHECK(y.delta_p == doctest::Approx(1.0 - p1).epsilon(1e-14));
+  // A reference row of -inf only has no distribution; a configuration row of -inf only neither.
+  const float ninf[2] = {-INFINITY, -INFINITY};
+  CHECK_FALSE(compare_position(ninf, r2, 2, 0).ref_finite);
+  const PositionResult z = compare_position(r2, ninf, 2, 0);
+  CHECK(z.ref_finite);
+  CHECK_FALSE(z.finite);
+  CHECK(std::isnan(z.kl));
+  CHECK(z.nonfinite_values == 2);
 }
