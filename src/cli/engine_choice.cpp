@@ -22,7 +22,7 @@ cuda::GemmPrecision gemm_precision(const std::string& compute) {
 }  // namespace
 
 std::unique_ptr<eval::SweepEngine> make_engine(model::TeacherForcedModel& model, const EngineChoice& c, int threads,
-                                               int chunk_rows, std::ostream& log) {
+                                               int chunk_rows, std::ostream& log, const std::string& command) {
   if (c.device != "cpu" && c.device != "cuda" && c.device != "auto")
     throw std::invalid_argument(fmt::format("--device: '{}' is not a device: expected cpu, cuda or auto", c.device));
   if (c.compute != "fp32" && c.compute != "bf16x3" && c.compute != "bf16")
