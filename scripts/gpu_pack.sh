@@ -26,7 +26,7 @@ cp "$build/cuda/libreplayssm_cuda.so" "$stage/lib/"
 # Every shared library the binaries resolve here, except glibc's own and CUDA's (the GPU machine has those).
 for b in "$stage"/bin/* "$stage/lib/libreplayssm_cuda.so"; do
   ldd "$b" | awk '$3 ~ /^\// {print $3}'
-done | sort -u | grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcublas[^/]*|libcudart[^/]*)\.so' |
+done | sort -u | grep -Ev '/(libc|libm|libdl|librt|libpthread|libresolv|libutil|libnsl|ld-linux[^/]*|libcublas[^/]*|libcudart[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 strip "$stage"/bin/* "$stage"/lib/*.so* 2>/dev/null || true
 mkdir -p "$(dirname "$out")"

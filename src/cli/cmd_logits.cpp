@@ -1,5 +1,5 @@
 // replayssm logits MODEL_DIR --tokens ids.npy [--policy P] --out logprobs.npy
-// Teacher-forced forward on the CPU: row t of the output is the model's next-token
+// Teacher-forced forward on the CPU or the GPU (--device): row t of the output is the model's next-token
 // log-probability distribution after tokens[0..t] (float32, N x vocab), with every SSM layer's
 // state stored and decoded under the precision policy. The output is streamed chunk by chunk to
 // the io::NpyWriter's temporary, then renamed (atomic; never held in memory whole). An existing
@@ -15,8 +15,14 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/engine_choice.h"
 #include "io/npy.h"
 #include "model/causal_lm.h"
+
+#if REPLAYSSM_WITH_CUDA
+#include "device_memory.h"
+#include "model/gpu_causal_lm.h"
+#endif
 
 namespace replayssm::cli {
 namespace {
@@ -26,6 +32,7 @@ struct LogitsOptions {
   std::vector<std::string> layer_policies;
   int threads = 0, chunk = 256;
   bool raw = false, verbose = false, force = false;
+  EngineChoice engine;
 };
 
 std::vector<int64_t> read_tokens(const std::string& path) {
@@ -80,6 +87,7 @@ void run_logits(const LogitsOptions& o) {
   const std::vector<int64_t> tokens = read_tokens(o.tokens);
   const model::CausalLM lm = model::CausalLM::load(o.model_dir);
   const model::PolicyAssignment policy = parse_policies(o, lm);
+  const bool on_gpu = choose_cuda(&lm, o.engine, std::cerr, "logits");
   const auto t1 = std::chrono::steady_clock::now();
   io::NpyWriter out(o.out, "<f4", {tokens.size(), static_cast<std::size_t>(lm.vocab_size())}, o.force);
   model::ForwardOptions fo;
@@ -91,11 +99,38 @@ void run_logits(const LogitsOptions& o) {
       std::cerr << fmt::format("  layer {}/{} done in {:.2f} s\n", layer + 1, n, s);
     };
   std::size_t nonfinite = 0;
-  lm.forward(tokens, {policy}, fo, [&](const model::LogitsChunk& c) {
-    const std::size_t n = c.count * static_cast<std::size_t>(c.vocab);
-    for (std::size_t i = 0; i < n; ++i) nonfinite += !std::isfinite(c.rows[0][i]);
-    out.write(c.rows[0], n * sizeof(float));
-  });
+  const auto write_rows = [&](const float* rows, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) nonfinite += !std::isfinite(rows[i]);
+    out.write(rows, n * sizeof(float));
+  };
+  if (on_gpu) {
+#if REPLAYSSM_WITH_CUDA
+    // The GPU forward, then the LM head on the GPU chunk by chunk; each chunk's log-softmax on the
+    // host with the CPU path's own function, so --device only changes the forward's rounding.
+    const cuda::GpuCausalLM gpu(lm, gemm_precision(o.engine));
+    std::cerr << fmt::format("logits: device: cuda, compute {}\n", o.engine.compute);
+    const std::vector<int32_t> ids(tokens.begin(), tokens.end());
+    const auto n = static_cast<int64_t>(ids.size());
+    cuda::DeviceMatrixBuffer hidden(n, lm.config().hidden_size), logits;
+    gpu.final_hidden(ids, policy, hidden.view(), fo.on_layer_done ? [&](int layer, int layers, double s) {
+      fo.on_layer_done(0, layer, layers, s);
+    } : std::function<void(int, int, double)>());
+    model::Mat rows;
+    for (int64_t p0 = 0; p0 < n; p0 += o.chunk) {
+      const int64_t count = std::min<int64_t>(o.chunk, n - p0);
+      logits.resize(count, lm.vocab_size());
+      gpu.lm_logits(hidden.view().middle_rows(p0, count), logits.view());
+      const std::vector<float> host = cuda::to_host(logits.view());
+      rows = Eigen::Map<const model::Mat>(host.data(), count, lm.vocab_size());
+      if (!o.raw) model::log_softmax_rows(rows, o.threads);
+      write_rows(rows.data(), static_cast<std::size_t>(rows.size()));
+    }
+#endif
+  } else {
+    lm.forward(tokens, {policy}, fo, [&](const model::LogitsChunk& c) {
+      write_rows(c.rows[0], c.count * static_cast<std::size_t>(c.vocab));
+    });
+  }
   out.commit();
   const auto t2 = std::chrono::steady_clock::now();
   const double secs = std::chrono::duration<double>(t2 - t1).count();
@@ -126,6 +161,8 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--chunk", o->chunk, "positions per LM-head chunk")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--device", o->engine.device, kDeviceHelp)->capture_default_str();
+  cmd->add_option("--compute", o->engine.compute, kComputeHelp)->capture_default_str();
   cmd->add_flag("--raw", o->raw, "write raw logits instead of log-probabilities");
   cmd->add_flag("-v,--verbose", o->verbose, "report each layer's time on stderr");
   cmd->callback([o] { run_logits(*o); });

@@ -5,24 +5,16 @@
 
 #include <fmt/format.h>
 
+#include "model/causal_lm.h"
+
 #if REPLAYSSM_WITH_CUDA
 #include "eval/cuda_sweep_engine.h"
+#include "model/gpu_causal_lm.h"
 #endif
 
 namespace replayssm::cli {
 
-namespace {
-#if REPLAYSSM_WITH_CUDA
-cuda::GemmPrecision gemm_precision(const std::string& compute) {
-  if (compute == "bf16") return cuda::GemmPrecision::bf16;
-  if (compute == "bf16x3") return cuda::GemmPrecision::bf16x3;
-  return cuda::GemmPrecision::fp32;
-}
-#endif
-}  // namespace
-
-std::unique_ptr<eval::SweepEngine> make_engine(model::TeacherForcedModel& model, const EngineChoice& c, int threads,
-                                               int chunk_rows, std::ostream& log, const std::string& command) {
+bool choose_cuda(const model::CausalLM* lm, const EngineChoice& c, std::ostream& log, const std::string& command) {
   if (c.device != "cpu" && c.device != "cuda" && c.device != "auto")
     throw std::invalid_argument(fmt::format("--device: '{}' is not a device: expected cpu, cuda or auto", c.device));
   if (c.compute != "fp32" && c.compute != "bf16x3" && c.compute != "bf16")
@@ -32,9 +24,12 @@ std::unique_ptr<eval::SweepEngine> make_engine(model::TeacherForcedModel& model,
 #if REPLAYSSM_WITH_CUDA
   if (c.device != "cpu") {
     why_not_cuda = cuda::cuda_unavailable_reason();
-    if (why_not_cuda.empty()) why_not_cuda = cuda::cuda_engine_unsupported_reason(model);
+    if (why_not_cuda.empty())
+      why_not_cuda = lm ? cuda::GpuCausalLM::unsupported_reason(*lm)
+                        : "the model is not a loaded checkpoint (the CUDA engine uploads a CausalLM's weights)";
   }
 #else
+  (void)lm;
   why_not_cuda = "this build has no CUDA support (configure with -DREPLAYSSM_CUDA=ON where nvcc is installed)";
 #endif
   const bool use_cuda = c.device != "cpu" && why_not_cuda.empty();
@@ -43,17 +38,28 @@ std::unique_ptr<eval::SweepEngine> make_engine(model::TeacherForcedModel& model,
     throw std::invalid_argument(fmt::format("--compute {}: the CPU computes in FP32 only; {}", c.compute,
                                             c.device == "cpu" ? "use --device cuda" : "--device auto chose the CPU: " +
                                                                                           why_not_cuda));
-  if (!use_cuda) {
-    log << fmt::format("{}: device: cpu{}\n", command, c.device == "auto" ? " (auto: " + why_not_cuda + ")" : "");
-    return eval::make_cpu_engine(model, threads);
-  }
+  if (!use_cuda) log << fmt::format("{}: device: cpu{}\n", command, c.device == "auto" ? " (auto: " + why_not_cuda + ")" : "");
+  return use_cuda;
+}
+
 #if REPLAYSSM_WITH_CUDA
-  auto engine = cuda::make_cuda_engine(model, gemm_precision(c.compute), chunk_rows, log);
+cuda::GemmPrecision gemm_precision(const EngineChoice& c) {
+  if (c.compute == "bf16") return cuda::GemmPrecision::bf16;
+  if (c.compute == "bf16x3") return cuda::GemmPrecision::bf16x3;
+  return cuda::GemmPrecision::fp32;
+}
+#endif
+
+std::unique_ptr<eval::SweepEngine> make_engine(model::TeacherForcedModel& model, const EngineChoice& c, int threads,
+                                               int chunk_rows, std::ostream& log, const std::string& command) {
+  if (!choose_cuda(model.causal_lm(), c, log, command)) return eval::make_cpu_engine(model, threads);
+#if REPLAYSSM_WITH_CUDA
+  auto engine = cuda::make_cuda_engine(model, gemm_precision(c), chunk_rows, log);
   log << fmt::format("{}: device: {}\n", command, engine->device());
   return engine;
 #else
   (void)chunk_rows;
-  return nullptr;  // unreachable: use_cuda is false without CUDA
+  throw std::logic_error("choose_cuda chose CUDA in a build without it");
 #endif
 }
 

@@ -9,6 +9,14 @@
 
 #include "eval/sweep_engine.h"
 
+#if REPLAYSSM_WITH_CUDA
+#include "model/gpu_block.h"
+#endif
+
+namespace replayssm::model {
+class CausalLM;
+}
+
 namespace replayssm::cli {
 
 struct EngineChoice {
@@ -20,6 +28,13 @@ inline constexpr const char* kDeviceHelp =
 inline constexpr const char* kComputeHelp =
     "precision of the non-recurrent layers' matrix products: fp32 (default, the reference semantics) | bf16x3 "
     "(three BF16 tensor-core products, FP32-accurate) | bf16 (as serving engines run; GPU only)";
+
+// true: run on the GPU. Refuses (std::invalid_argument) what cannot be honoured, see make_engine;
+// says the device on `log` when it is the CPU. `lm` null: no checkpoint (CPU only).
+bool choose_cuda(const model::CausalLM* lm, const EngineChoice& choice, std::ostream& log, const std::string& command);
+#if REPLAYSSM_WITH_CUDA
+cuda::GemmPrecision gemm_precision(const EngineChoice& choice);
+#endif
 
 // The engine for `model`, or std::invalid_argument (CLI exit 2) when the choice cannot be honoured:
 // cuda asked for without a CUDA build or device or for a model with layers not on the GPU yet, a

@@ -442,9 +442,13 @@ void CausalLM::lm_head(const Eigen::Ref<const Mat>& h, bool log_softmax, int thr
     const Eigen::Index c0 = b * kCols, c = std::min(kCols, vocab - c0);
     out.middleCols(c0, c).noalias() = h * w.middleRows(c0, c).transpose();
   });
-  if (!log_softmax) return;
-  parallel_for(static_cast<int>(count), t, [&](int r) {
-    float* row = out.data() + static_cast<Eigen::Index>(r) * vocab;
+  if (log_softmax) log_softmax_rows(out, t);
+}
+
+void log_softmax_rows(Mat& rows, int threads) {
+  const Eigen::Index vocab = rows.cols();
+  parallel_for(static_cast<int>(rows.rows()), resolve_threads(threads), [&](int r) {
+    float* row = rows.data() + static_cast<Eigen::Index>(r) * vocab;
     float mx = -std::numeric_limits<float>::infinity();
     for (Eigen::Index j = 0; j < vocab; ++j) mx = std::max(mx, row[j]);
     double sum = 0.0;

@@ -173,4 +173,8 @@ class CausalLM {
   std::string quantization_summary_;  // `info` lines of a quantized checkpoint; empty otherwise
 };
 
+// Row-wise log-softmax in place (row max in float, the normaliser in double): what lm_head applies,
+// and what the GPU path of `replayssm logits` applies to logits made on the GPU.
+void log_softmax_rows(Mat& rows, int threads);
+
 }  // namespace replayssm::model

@@ -196,7 +196,13 @@ TEST_CASE("causal_attention_gpu matches model::causal_attention (and float64) ov
     REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
     const Mat gpu = dout.download();
     const auto n_out = static_cast<std::size_t>(cpu.size());
-    CHECK_CLOSE(test::compare_close(gpu.data(), cpu.data(), n_out, rms_relative(cpu.data(), n_out), "gpu vs cpu"));
+    // FP32 attention's own error, in the CPU reference as much as on the GPU (both miss 1e-5 against
+    // float64 there, measured on the H200): peaked rows (q_sigma 3, scores up to ~12) amplify the
+    // scores' rounding through exp, and the online softmax's sums over N keys accumulate
+    // ~sqrt(N / 64) roundings (64-key blocks on both sides), so the tolerance grows with both.
+    const double rtol = kRtol * std::max(1.0f, c.q_sigma) * std::max(1.0, std::sqrt(c.n / 1024.0));
+    const test::Tolerance gc{rtol * test::rms(cpu.data(), n_out), rtol};
+    CHECK_CLOSE(test::compare_close(gpu.data(), cpu.data(), n_out, gc, "gpu vs cpu"));
     CHECK(dout.touched_outside() == 0);
 
     // Both against the exact softmax where the float64 reference is cheap.
@@ -205,7 +211,7 @@ TEST_CASE("causal_attention_gpu matches model::causal_attention (and float64) ov
       for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
       const std::vector<double> exact =
           attention_f64(accessor(q), accessor(k), accessor(v), hd, scale, rows, all_heads(c.heads));
-      const test::Tolerance tol{kRtol * test::rms(exact.data(), exact.size()), kRtol};
+      const test::Tolerance tol{rtol * test::rms(exact.data(), exact.size()), rtol};
       CHECK_CLOSE(test::compare_close(gpu.data(), exact.data(), n_out, tol, "gpu vs float64"));
       CHECK_CLOSE(test::compare_close(cpu.data(), exact.data(), n_out, tol, "cpu vs float64"));
     }
