@@ -34,8 +34,7 @@ struct ScanCheckpoints {
   int64_t events = 0;       // events per head the buffers hold; must equal quantization_events
 };
 
-// `seq` holds device pointers (layout: ssm::LayerSequence). Asynchronous on `stream` (a scratch
-// buffer is allocated and freed in stream order). Checkpoints are written only when `checkpoints`
+// `seq` holds device pointers (layout: ssm::LayerSequence). Asynchronous on `stream`. Checkpoints are written only when `checkpoints`
 // is given. Throws std::invalid_argument / std::out_of_range as the CPU twin does, and
 // std::invalid_argument beyond the limits above or for inconsistent checkpoint buffers.
 void emulate_layer_sequence_gpu(const ssm::LayerSequence& seq, const ssm::PrecisionPolicy& policy, uint32_t layer,

@@ -3,8 +3,12 @@
 // (the only latitude: a NaN equals any NaN, since IEEE leaves NaN payloads to the hardware and x86
 // and CUDA produce different ones). Every policy kind x state format x RTN/SR x recurrence, head
 // shapes dk 48/64/128/256, dv 16/24/80/128/256, GQA ratios 1..16, N not a multiple of L, N = 1,
-// strided inputs, an FP16 overflow, 64-bit offsets at N = 131072. Prints (does not assert) the
-// kernel time of one Qwen3.5-4B-shaped GDN layer at N = 131072. Skips (exit 77) without a GPU.
+// strided inputs, an FP16 overflow, 64-bit offsets at N = 131072; the split of a head's rows over
+// several blocks (rows per warp and blocks per head depend on the layer's size, see
+// sequence_scan.cu): dv not a multiple of the rows per warp or per block, NVFP4's cluster-wide
+// tensor amax over 2..8 blocks, many heads. Prints (does not assert) the kernel time of one
+// Qwen3.5-4B-shaped GDN layer and one tiny_mamba2-shaped layer at N = 131072. Skips (exit 77)
+// without a GPU.
 #include <doctest/doctest.h>
 
 #include <boost/random/mersenne_twister.hpp>
@@ -14,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <iterator>
 #include <sstream>
 #include <string>
@@ -302,6 +307,54 @@ TEST_CASE("scan: N = 1, N < L, GQA ratios 1..16") {
   }
 }
 
+// Geometry on an H200 (132 multiprocessors; sequence_scan.cu geometry_for): rows per warp RB = 4
+// when the layer has >= 6 x 132 warps of 4 rows, else 2, else 1; blocks of up to 8 warps; NVFP4
+// raises RB until a head fits one cluster of <= 8 blocks. The shapes below are picked to land on
+// each branch there (any other GPU still runs them, bit identity does not depend on the geometry).
+TEST_CASE("scan: a head's rows split over blocks (ragged warps and blocks, NVFP4 cluster amax, many heads)") {
+  struct Case {
+    Recurrence kind;
+    Shape shape;
+    int n;
+    const char* policy;
+    const char* why;
+  };
+  const Case cases[] = {
+      // Few heads, RB = 1: 8 rows a block; dv 20 leaves a last block of 4 rows.
+      {Recurrence::gdn, {64, 20, 1, 2}, 90, "shared:fp16+sr@8,seed=31", "RB 1, dv 20: 3 blocks, last one half padding"},
+      {Recurrence::kda, {128, 24, 2, 1}, 90, "split:fp8b128+rtn/bf16+sr@5,seed=32", "RB 1, dv 24: 3 blocks"},
+      {Recurrence::mamba2, {128, 80, 1, 3}, 70, "conv:e4m3+sr,seed=33", "RB 1, dv 80: 10 blocks a head"},
+      {Recurrence::gdn, {128, 200, 1, 1}, 70, "shared:fp8b128+sr@4,seed=34", "RB 1, dv 200: 25 blocks a head"},
+      // NVFP4: one cluster a head. dv 24 -> 3 blocks; 64 (tiny_mamba2) -> 8 blocks of RB 1; 80 -> RB 2,
+      // 5 blocks; 128 -> RB 2, 8 blocks; 200 -> RB 4, 7 blocks, the last with 6 padding warps; 256 -> RB 4, 8.
+      {Recurrence::gdn, {64, 24, 1, 2}, 100, "shared:nvfp4+sr@4,seed=35", "NVFP4 cluster of 3"},
+      {Recurrence::mamba2, {128, 64, 2, 4}, 100, "shared:nvfp4+sr@16,seed=36", "tiny_mamba2 shape: cluster of 8"},
+      {Recurrence::kda, {64, 80, 1, 2}, 60, "conv:nvfp4+sr,seed=37", "NVFP4 RB 2, cluster of 5"},
+      {Recurrence::gdn, {128, 128, 2, 2}, 100, "split:nvfp4/fp32@8", "NVFP4 RB 2, cluster of 8, split"},
+      {Recurrence::gdn, {128, 128, 1, 3}, 100, "split:nvfp4+sr/nvfp4+sr@6,seed=38", "both copies NVFP4"},
+      {Recurrence::mamba2, {256, 200, 1, 2}, 80, "shared:nvfp4+rtn@5", "NVFP4 RB 4, cluster of 7"},
+      {Recurrence::kda, {128, 200, 2, 1}, 60, "split:e4m3/nvfp4+sr@6,seed=39", "NVFP4 read copy only, cluster of 7"},
+      {Recurrence::gdn, {256, 256, 1, 2}, 60, "conv:nvfp4+sr,seed=40", "NVFP4 RB 4, cluster of 8, every token"},
+      // Many heads, RB = 4: dv 18 leaves the last warp of a head with 2 padding rows.
+      {Recurrence::gdn, {64, 18, 8, 20}, 50, "shared:nvfp4+sr@4,seed=41", "160 heads, RB 4, dv 18 (ragged warp)"},
+      {Recurrence::mamba2, {128, 18, 8, 20}, 50, "split:fp8b128/fp16+sr@4,seed=42", "160 heads, RB 4, fp8b128"},
+      {Recurrence::kda, {64, 18, 8, 20}, 40, "conv:bf16+sr,seed=43", "160 heads, RB 4, kda"},
+      // The Qwen3.5-4B GDN shape at few tokens: 32 heads x 32 warps of RB 4, 4 blocks a head.
+      {Recurrence::gdn, {128, 128, 16, 2}, 40, "shared:nvfp4+sr@16,seed=44", "Qwen3.5-4B GDN shape, NVFP4"},
+      {Recurrence::gdn, {128, 128, 16, 2}, 40, "split:nvfp4/fp32@16", "Qwen3.5-4B GDN shape, split"},
+      {Recurrence::gdn, {128, 128, 16, 2}, 40, "conv:fp8b128+sr,seed=45", "Qwen3.5-4B GDN shape, fp8b128"},
+      {Recurrence::mamba2, {128, 80, 8, 12}, 30, "shared:nvfp4+sr@8,seed=46", "Nemotron-H Mamba-2 shape (96 heads of 80)"},
+  };
+  uint64_t seed = test::kBaseSeed * 1000 + 8000;
+  int index = 0;
+  for (const Case& c : cases) {
+    const PrecisionPolicy p = PrecisionPolicy::parse(c.policy);
+    HostLayer L = make_layer(c.kind, c.shape, c.n, index % 2 == 0, ++seed, 1 + index % 3);
+    check_case(L, p, static_cast<uint32_t>(10 + index), label_of(c.kind, c.shape, c.n, c.policy) + " (" + c.why + ")");
+    ++index;
+  }
+}
+
 TEST_CASE("scan: an FP16 state that overflows gives the same inf/NaN as the CPU") {
   uint64_t seed = test::kBaseSeed * 1000 + 4000;
   for (Recurrence kind : {Recurrence::mamba2, Recurrence::gdn}) {
@@ -367,32 +420,37 @@ TEST_CASE("scan: argument checks as the CPU twin, and the GPU's own limits") {
   CHECK(test::contains(gpu_error([](LayerSequence&) {}, p, &wrong), "2 over 8 tokens"));
 }
 
-TEST_CASE("scan timing (printed, not asserted): one Qwen3.5-4B-shaped GDN layer at N = 131072") {
-  // 16 key heads, 32 value heads, dk = dv = 128. 4096 random tokens, repeated on the device.
-  const Shape s{128, 128, 16, 2};
+namespace {
+
+// Kernel time of one layer of `kind` and shape s at N = 131072 for each policy (printed). 4096
+// random tokens, repeated on the device.
+void time_layer(Recurrence kind, const Shape s, const char* what, std::initializer_list<const char*> policies) {
   const int block = 4096, n = 131072;
-  HostLayer B = make_layer(Recurrence::gdn, s, block, true, test::kBaseSeed * 1000 + 7000, 0);
+  const bool delta = ssm::has_delta_rule(kind);
+  HostLayer B = make_layer(kind, s, block, true, test::kBaseSeed * 1000 + 7000, 0);
   cuda::DeviceBuffer<float> q(static_cast<std::size_t>(n) * B.ld_q), k(static_cast<std::size_t>(n) * B.ld_k),
-      alpha(static_cast<std::size_t>(n) * B.ld_alpha), beta(static_cast<std::size_t>(n) * B.ld_beta),
+      alpha(static_cast<std::size_t>(n) * B.ld_alpha), beta(delta ? static_cast<std::size_t>(n) * B.ld_beta : 0),
       v(static_cast<std::size_t>(n) * B.ld_v), out(static_cast<std::size_t>(n) * B.ld_out);
   auto fill = [&](cuda::DeviceBuffer<float>& dst, const std::vector<float>& src) {
     for (int r = 0; r < n / block; ++r)
       REPLAYSSM_CUDA_CHECK(cudaMemcpy(dst.data() + static_cast<std::size_t>(r) * src.size(), src.data(),
                                       src.size() * sizeof(float), cudaMemcpyHostToDevice));
   };
-  fill(q, B.q), fill(k, B.k), fill(alpha, B.alpha), fill(beta, B.beta), fill(v, B.v);
+  fill(q, B.q), fill(k, B.k), fill(alpha, B.alpha), fill(v, B.v);
+  if (delta) fill(beta, B.beta);
   LayerSequence seq;
-  seq.kind = Recurrence::gdn, seq.n_tokens = n, seq.dk = s.dk, seq.dv = s.dv;
+  seq.kind = kind, seq.n_tokens = n, seq.dk = s.dk, seq.dv = s.dv;
   seq.n_key_heads = s.key_heads, seq.n_value_heads = s.heads();
-  seq.q = q.data(), seq.k = k.data(), seq.alpha = alpha.data(), seq.beta = beta.data(), seq.v = v.data();
-  seq.out = out.data();
+  seq.q = q.data(), seq.k = k.data(), seq.alpha = alpha.data(), seq.beta = delta ? beta.data() : nullptr;
+  seq.v = v.data(), seq.out = out.data();
   seq.ld_q = B.ld_q, seq.ld_k = B.ld_k, seq.ld_alpha = B.ld_alpha, seq.ld_beta = B.ld_beta, seq.ld_v = B.ld_v;
   seq.ld_out = B.ld_out;
   cudaEvent_t e0, e1;
   REPLAYSSM_CUDA_CHECK(cudaEventCreate(&e0));
   REPLAYSSM_CUDA_CHECK(cudaEventCreate(&e1));
-  std::printf("[scan timing] GDN layer, 16 key / 32 value heads, dk = dv = 128, N = %d\n", n);
-  for (const char* text : {"conv:fp32", "shared:nvfp4+sr@16", "split:nvfp4/fp32@16"}) {
+  std::printf("[scan timing] %s layer (%s), %d key / %d value heads, dk = %d, dv = %d, N = %d\n", std::string(to_string(kind)).c_str(),
+              what, s.key_heads, s.heads(), s.dk, s.dv, n);
+  for (const char* text : policies) {
     const PrecisionPolicy p = PrecisionPolicy::parse(text);
     cuda::emulate_layer_sequence_gpu(seq, p, 0, nullptr);  // warm-up
     REPLAYSSM_CUDA_CHECK(cudaEventRecord(e0));
@@ -409,4 +467,13 @@ TEST_CASE("scan timing (printed, not asserted): one Qwen3.5-4B-shaped GDN layer 
   }
   REPLAYSSM_CUDA_CHECK(cudaEventDestroy(e0));
   REPLAYSSM_CUDA_CHECK(cudaEventDestroy(e1));
+}
+
+}  // namespace
+
+TEST_CASE("scan timing (printed, not asserted): Qwen3.5-4B GDN and tiny_mamba2 layers at N = 131072") {
+  // Qwen3.5-4B GDN: 16 key heads, 32 value heads, dk = dv = 128.
+  time_layer(Recurrence::gdn, {128, 128, 16, 2}, "Qwen3.5-4B", {"conv:fp32", "shared:nvfp4+sr@16", "split:nvfp4/fp32@16"});
+  // The bundled tiny_mamba2: 2 groups, 8 heads, d_state 128, head dim 64.
+  time_layer(Recurrence::mamba2, {128, 64, 2, 4}, "tiny_mamba2", {"conv:fp32", "shared:nvfp4+sr@16"});
 }
