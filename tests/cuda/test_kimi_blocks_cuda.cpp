@@ -385,7 +385,7 @@ TEST_CASE("MoE blocks of nemotron_h_moe_tiny (sigmoid, grouped, relu^2) and qwen
   check_moe_blocks(cpu_model(test::golden_dir("qwen3_5_moe_tiny")), "qwen3_5_moe_tiny", 121);
 }
 
-TEST_CASE("blocks share one arena: a KDA, MLA and MoE forward in turn on a shared arena give the same results") {
+TEST_CASE("blocks share one arena: KDA, MoE and MLA forwards in turn on one arena each match the CPU") {
   const model::CausalLM& lm = cpu_model(test::golden_dir("kimi_linear_tiny"));
   const auto& layers = lm.layer_blocks();
   const ScratchArena arena = std::make_shared<DeviceBuffer<float>>();
@@ -400,8 +400,6 @@ TEST_CASE("blocks share one arena: a KDA, MLA and MoE forward in turn on a share
     check_block(*layers[1].mlp, moe, hidden, 250, 1, "conv:fp32", rng, "MoE (shared arena)");
     check_block(*layers[1].mixer, mla, hidden, 300, 1, "conv:fp32", rng, "MLA (shared arena)");
   }
-  CHECK(arena->size() >= static_cast<std::size_t>(std::max({kda.arena_floats(300), mla.arena_floats(300),
-                                                            moe.arena_floats(300)})));
 }
 
 // ---- variants no golden model has ---------------------------------------------------------------
