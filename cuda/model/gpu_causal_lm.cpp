@@ -10,8 +10,11 @@
 
 #include "model/attention_gpu.h"
 #include "model/gpu_blocks.h"
+#include "model/gpu_kimi_blocks.h"
 #include "model/linear_gpu.h"
 #include "model/model_ops.h"
+#include "model/moe.h"
+#include "ssm/sequence_scan.h"
 
 namespace replayssm::cuda {
 namespace {
@@ -32,6 +35,23 @@ DeviceBuffer<float> upload_vec(const model::Vec& v) {
 }
 
 bool position_wise(model::LayerKind k) { return k == model::LayerKind::mlp || k == model::LayerKind::moe; }
+
+// Floats of the shared arena a block uses over `rows` positions; -1 for a block with scratch of its own.
+int64_t arena_floats_of(const GpuBlock& b, int64_t rows) {
+  if (const auto* x = dynamic_cast<const GpuMamba2Mixer*>(&b)) return x->arena_floats(rows);
+  if (const auto* x = dynamic_cast<const GpuGatedDeltaNet*>(&b)) return x->arena_floats(rows);
+  if (const auto* x = dynamic_cast<const GpuMlp*>(&b)) return x->arena_floats(rows);
+  if (const auto* x = dynamic_cast<const GpuKdaMixer*>(&b)) return x->arena_floats(rows);
+  if (const auto* x = dynamic_cast<const GpuMlaAttention*>(&b)) return x->arena_floats(rows);
+  if (const auto* x = dynamic_cast<const GpuMixtureOfExperts*>(&b)) return x->arena_floats(rows);
+  return -1;
+}
+
+// The GPU twin of a CPU position-wise block (a layer's MLP, or Nemotron-H's MLP / MoE layer).
+std::unique_ptr<GpuBlock> position_wise_twin(const model::Block& cpu, GemmPrecision gemm, const ScratchArena& arena) {
+  if (const auto* mlp = dynamic_cast<const model::Mlp*>(&cpu)) return std::make_unique<GpuMlp>(*mlp, gemm, arena);
+  return std::make_unique<GpuMixtureOfExperts>(dynamic_cast<const model::MixtureOfExperts&>(cpu), gemm, arena);
+}
 
 }  // namespace
 
@@ -65,11 +85,7 @@ struct GpuCausalLM::Impl {
   // (token mixers over all n positions, position-wise blocks over chunks).
   int64_t arena_floats(int64_t n) const {
     int64_t f = 0;
-    auto need = [&](const GpuBlock* b, int64_t rows) {
-      if (const auto* m = dynamic_cast<const GpuMamba2Mixer*>(b)) f = std::max(f, m->arena_floats(rows));
-      if (const auto* g = dynamic_cast<const GpuGatedDeltaNet*>(b)) f = std::max(f, g->arena_floats(rows));
-      if (const auto* p = dynamic_cast<const GpuMlp*>(b)) f = std::max(f, p->arena_floats(rows));
-    };
+    auto need = [&](const GpuBlock* b, int64_t rows) { f = std::max(f, arena_floats_of(*b, rows)); };
     for (const Layer& L : layers) {
       need(L.mixer.get(), position_wise(L.kind) ? std::min(n, kPositionChunk) : n);
       if (L.mlp) need(L.mlp.get(), std::min(n, kPositionChunk));
@@ -80,7 +96,17 @@ struct GpuCausalLM::Impl {
 
 std::string GpuCausalLM::unsupported_reason(const model::CausalLM& cpu) {
   if (!cpu.runnable()) return "the model was opened with inspect() (no weights read); load() it";
+  const model::ModelConfig& c = cpu.config();
   const auto& layers = cpu.layer_blocks();
+  int64_t expert_bytes = 0;
+  int first_moe = -1;
+  auto moe = [&](int li, const model::Block* b) {
+    const auto* m = dynamic_cast<const model::MixtureOfExperts*>(b);
+    if (!m) return false;
+    expert_bytes += GpuMixtureOfExperts::expert_weight_bytes(m->shape(), m->hidden());
+    if (first_moe < 0) first_moe = li;
+    return true;
+  };
   for (int li = 0; li < static_cast<int>(layers.size()); ++li) {
     const auto& L = layers[li];
     const std::string kind = model::to_string(L.kind);
@@ -88,11 +114,34 @@ std::string GpuCausalLM::unsupported_reason(const model::CausalLM& cpu) {
     const bool twin = (L.kind == model::LayerKind::mamba2 && dynamic_cast<const model::Mamba2Mixer*>(m)) ||
                       (L.kind == model::LayerKind::gated_deltanet && dynamic_cast<const model::GatedDeltaNet*>(m)) ||
                       (L.kind == model::LayerKind::attention && dynamic_cast<const model::Attention*>(m)) ||
-                      (L.kind == model::LayerKind::mlp && dynamic_cast<const model::Mlp*>(m));
+                      (L.kind == model::LayerKind::mlp && dynamic_cast<const model::Mlp*>(m)) ||
+                      (L.kind == model::LayerKind::kda && dynamic_cast<const model::KdaMixer*>(m)) ||
+                      (L.kind == model::LayerKind::mla && dynamic_cast<const model::MlaAttention*>(m)) ||
+                      (L.kind == model::LayerKind::moe && moe(li, m));
     if (!twin) return fmt::format("layer {} ({}) has no GPU twin yet; use --device cpu", li, kind);
-    if (L.mlp && !dynamic_cast<const model::Mlp*>(L.mlp.get()))
-      return fmt::format("layer {} ({}) has a mixture-of-experts MLP, which has no GPU twin yet; use --device cpu", li,
-                         kind);
+    if (L.mlp && !dynamic_cast<const model::Mlp*>(L.mlp.get()) && !moe(li, L.mlp.get()))
+      return fmt::format("layer {} ({}) has an MLP block with no GPU twin yet; use --device cpu", li, kind);
+  }
+  // The GPU scan's head limits (cuda/ssm/sequence_scan.h), for the SSM kinds present.
+  auto scan_limit = [&](model::LayerKind kind, int dk, int dv) -> std::string {
+    if (std::find(c.layers.begin(), c.layers.end(), kind) == c.layers.end() || (dk <= kScanMaxDk && dv <= kScanMaxDv))
+      return "";
+    return fmt::format("{} layers have dk {} and dv {}, beyond the GPU scan's limits {} and {}; use --device cpu",
+                       model::to_string(kind), dk, dv, kScanMaxDk, kScanMaxDv);
+  };
+  for (const std::string& r : {scan_limit(model::LayerKind::mamba2, c.mamba.state_size, c.mamba.head_dim),
+                               scan_limit(model::LayerKind::gated_deltanet, c.gdn.dk, c.gdn.dv),
+                               scan_limit(model::LayerKind::kda, c.kda.head_dim, c.kda.head_dim)})
+    if (!r.empty()) return r;
+  // Every expert is uploaded as float32 (GpuMixtureOfExperts): refuse what cannot fit the GPU.
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (expert_bytes > 0 && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
+      expert_bytes > static_cast<int64_t>(free_bytes)) {
+    const auto gib = [](double b) { return b / (1024.0 * 1024.0 * 1024.0); };
+    return fmt::format("the mixture-of-experts layers (the first is layer {}) hold {:.2f} GiB of experts as float32 "
+                       "(the GPU forward uploads every expert, dequantized, as float32), more than the {:.2f} GiB "
+                       "free on the GPU; use --device cpu",
+                       first_moe, gib(static_cast<double>(expert_bytes)), gib(static_cast<double>(free_bytes)));
   }
   return "";
 }
@@ -126,14 +175,19 @@ GpuCausalLM::GpuCausalLM(const model::CausalLM& cpu, GemmPrecision gemm) : impl_
         g.mixer = std::make_unique<GpuAttention>(dynamic_cast<const model::Attention&>(*L.mixer));
         break;
       case model::LayerKind::mlp:
-        g.mixer = std::make_unique<GpuMlp>(dynamic_cast<const model::Mlp&>(*L.mixer), gemm, m.arena);
+      case model::LayerKind::moe:
+        g.mixer = position_wise_twin(*L.mixer, gemm, m.arena);
         break;
-      default:  // refused by unsupported_reason above
-        throw std::logic_error(fmt::format("{}: layer kind {} reached the GPU build", m.dir, model::to_string(L.kind)));
+      case model::LayerKind::kda:
+        g.mixer = std::make_unique<GpuKdaMixer>(dynamic_cast<const model::KdaMixer&>(*L.mixer), gemm, m.arena);
+        break;
+      case model::LayerKind::mla:
+        g.mixer = std::make_unique<GpuMlaAttention>(dynamic_cast<const model::MlaAttention&>(*L.mixer), gemm, m.arena);
+        break;
     }
     if (L.mlp) {
       g.mlp_norm = upload_vec(L.mlp_norm);
-      g.mlp = std::make_unique<GpuMlp>(dynamic_cast<const model::Mlp&>(*L.mlp), gemm, m.arena);
+      g.mlp = position_wise_twin(*L.mlp, gemm, m.arena);
     }
     m.layers.push_back(std::move(g));
   }
@@ -166,10 +220,7 @@ GpuMemoryPlan GpuCausalLM::memory_plan(int64_t n) const {
   int64_t transient = m.lm_head.scratch_bytes(n, m.gemm), own = 0;
   auto count = [&](const GpuBlock& b, int64_t rows) {
     p.weight_bytes += b.weight_bytes();
-    int64_t arena = -1;
-    if (const auto* x = dynamic_cast<const GpuMamba2Mixer*>(&b)) arena = x->arena_floats(rows);
-    if (const auto* x = dynamic_cast<const GpuGatedDeltaNet*>(&b)) arena = x->arena_floats(rows);
-    if (const auto* x = dynamic_cast<const GpuMlp*>(&b)) arena = x->arena_floats(rows);
+    const int64_t arena = arena_floats_of(b, rows);
     if (arena < 0)
       own += b.scratch_bytes(rows);
     else

@@ -39,9 +39,11 @@ class GpuCausalLM {
   GpuCausalLM(const GpuCausalLM&) = delete;
   GpuCausalLM& operator=(const GpuCausalLM&) = delete;
 
-  // "" when every layer of `cpu` has a GPU twin, else what does not, e.g. "layer 3 (kda) has no GPU
-  // twin yet; use --device cpu" (for --device auto/cuda). Mamba-2, Gated DeltaNet, attention and
-  // dense MLP layers have twins; MoE, KDA and MLA do not yet.
+  // "" when the GPU can run `cpu`, else why not (for --device auto/cuda): a model opened with
+  // inspect() ("... load() it"); or, each ending "; use --device cpu", a block without a GPU twin
+  // ("layer 3 (kda) has no GPU twin yet"; every kind the CPU loads has one: Mamba-2, Gated DeltaNet,
+  // attention, MLP, MoE, KDA, MLA), SSM heads beyond the GPU scan's limits (dk, dv <= 256), experts
+  // that, uploaded as float32, exceed the GPU's free memory (gpu_kimi_blocks.h GpuMixtureOfExperts).
   static std::string unsupported_reason(const model::CausalLM& cpu);
 
   int vocab_size() const;

@@ -57,6 +57,7 @@ class ExpertMatrices {
   // Expert e's matrix converted to float32 into `buffer`, viewed in it.
   Eigen::Map<const Mat> fetch(int e, std::vector<float>& buffer) const;
   bool empty() const { return m_.empty(); }
+  int count() const { return static_cast<int>(m_.size()); }  // experts
   // Floats of one expert's matrix (all experts have the same shape).
   int64_t floats() const { return m_.empty() ? 0 : int64_t{m_[0].rows()} * m_[0].cols(); }
 
@@ -81,6 +82,19 @@ class MixtureOfExperts final : public Block {
   static int64_t worker_floats(const MoeShape& s, int hidden, int64_t rows);
   // Worker threads running experts at once: min(threads, experts, rows x top_k).
   static int64_t workers(const MoeShape& s, int64_t rows, int threads);
+
+  // Read-only views of the weights, for the GPU twin (cuda/model) that uploads them.
+  const MoeShape& shape() const { return s_; }
+  int hidden() const { return hidden_; }
+  const Linear& router() const { return router_; }
+  const Vec& correction_bias() const { return correction_bias_; }  // empty unless router.correction_bias
+  const ExpertMatrices& gate_experts() const { return gate_; }     // empty unless SwiGLU experts
+  const ExpertMatrices& up_experts() const { return up_; }
+  const ExpertMatrices& down_experts() const { return down_; }
+  const Mlp* shared_expert() const { return shared_.get(); }  // null without a shared expert
+  const Linear& shared_expert_gate() const { return shared_gate_; }  // 1 x hidden when shape().shared_gate
+  const Linear& latent_in() const { return latent_in_; }            // latent x hidden when shape().latent_size
+  const Linear& latent_out() const { return latent_out_; }          // hidden x latent when shape().latent_size
 
  private:
   MoeShape s_;
