@@ -153,6 +153,7 @@ class CudaEngine final : public eval::SweepEngine {
     int kl_id = -1;
     if (timing_) {
       if (!kl_intervals_) kl_intervals_ = std::make_unique<GpuIntervals>(2);
+      kl_intervals_->clear();
       tally.intervals = kl_intervals_.get();
       tally.category = 1;
       tally_scope.emplace(&tally);

@@ -228,6 +228,7 @@ void GpuCausalLM::final_hidden(std::span<const int32_t> tokens, const model::Pol
   int total_id = -1;
   if (m.timing) {
     if (!m.intervals) m.intervals = std::make_unique<GpuIntervals>(kCategories);
+    m.intervals->clear();  // a forward that threw may have left intervals open
     tally.intervals = m.intervals.get();
     tally_scope.emplace(&tally);
     total_id = m.intervals->begin(kTotal, m.stream);

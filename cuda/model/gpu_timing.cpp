@@ -53,9 +53,13 @@ std::vector<double> GpuIntervals::collect() {
                                               events_[static_cast<std::size_t>(iv.stop)]));
     seconds[static_cast<std::size_t>(iv.category)] += 1e-3 * ms;
   }
+  clear();
+  return seconds;
+}
+
+void GpuIntervals::clear() {
   intervals_.clear();
   used_ = 0;
-  return seconds;
 }
 
 }  // namespace replayssm::cuda

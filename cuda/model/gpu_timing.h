@@ -24,6 +24,8 @@ class GpuIntervals {
   // forgets the intervals (their events are reused). Throws std::logic_error for an interval begun
   // and not ended.
   std::vector<double> collect();
+  // Forgets every interval without reading it (after an exception left some open).
+  void clear();
   int categories() const { return categories_; }
 
  private:

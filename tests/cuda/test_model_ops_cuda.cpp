@@ -548,6 +548,8 @@ TEST_CASE("GemmTally: every apply is counted, timed and its FLOPs added; GpuInte
   CHECK_THROWS_AS(intervals.end(0, nullptr), std::logic_error);
   intervals.begin(0, nullptr);
   CHECK_THROWS_AS(intervals.collect(), std::logic_error);
+  intervals.clear();  // the open interval forgotten
+  CHECK(intervals.collect()[0] == 0.0);
 }
 
 namespace {
