@@ -115,7 +115,8 @@ class DeviceMatrixBuffer {
   int64_t rows_ = 0, cols_ = 0;
 };
 
-// Host row-major copy of a view (for tests and for results that come back).
+// Host row-major copy of a view (for tests and for results that come back). A synchronous copy on
+// the legacy default stream: work queued on a non-blocking stream must be waited for first.
 std::vector<float> to_host(ConstDeviceMatrix m);
 // Host row-major (rows x cols, dense) to a device view of the same shape.
 void upload(const float* host, DeviceMatrix m, cudaStream_t stream = nullptr);

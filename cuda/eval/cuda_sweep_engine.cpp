@@ -1,7 +1,10 @@
 #include "eval/cuda_sweep_engine.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <optional>
 #include <ostream>
+#include <string_view>
 #include <stdexcept>
 #include <vector>
 
@@ -12,6 +15,8 @@
 #include "eval/kl_positions.h"
 #include "model/causal_lm.h"
 #include "model/gpu_causal_lm.h"
+#include "model/gpu_timing.h"
+#include "model/linear_gpu.h"
 
 namespace replayssm::cuda {
 
@@ -49,6 +54,42 @@ double now_s() {
 
 std::string gib(int64_t bytes) { return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024)); }
 
+// REPLAYSSM_GPU_TIMING set and not "0": the time split of every pass is printed to the log.
+bool timing_requested() {
+  const char* v = std::getenv("REPLAYSSM_GPU_TIMING");
+  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+}
+
+// H200 SXM datasheet peaks (dense), the scale the benchmark reports against (issue 10).
+constexpr double kPeakFp32Flops = 67e12, kPeakBf16TensorFlops = 989e12;
+
+std::string rate(double flops, double seconds) {
+  if (seconds <= 0) return "-";
+  return fmt::format("{:.1f} TFLOP/s", flops / seconds / 1e12);
+}
+std::string share(double flops, double seconds, double peak) {
+  if (seconds <= 0) return "-";
+  return fmt::format("{:.0f}%", 100.0 * flops / seconds / peak);
+}
+
+// The forward's split in one line (GpuForwardTiming): GEMMs, attention kernels, SSM blocks without
+// their GEMMs (scan, conv, gates, norms), the rest (norms, residual adds, MLP activations, embedding).
+std::string forward_split(const GpuForwardTiming& t, GemmPrecision compute) {
+  const double attention = t.attention_layers - t.attention_gemm, ssm = t.ssm_layers - t.ssm_gemm;
+  const double other = t.total - t.gemm() - attention - ssm;
+  const std::string gemm_peak =
+      compute == GemmPrecision::fp32
+          ? fmt::format("{} of the FP32 peak", share(t.gemm_flops, t.gemm(), kPeakFp32Flops))
+          : fmt::format("tensor cores {} = {} of the BF16 peak", rate(t.gemm_tensor_flops, t.gemm()),
+                        share(t.gemm_tensor_flops, t.gemm(), kPeakBf16TensorFlops));
+  return fmt::format(
+      "forward {:.2f} s = GEMMs {:.2f} s ({} calls, {:.1f} TFLOP, {}, {}) + attention {:.2f} s ({:.1f} TFLOP, {}, {} "
+      "of the FP32 peak) + SSM scans with their conv/gates/norms {:.2f} s + other {:.2f} s",
+      t.total, t.gemm(), t.gemm_calls, t.gemm_flops / 1e12, rate(t.gemm_flops, t.gemm()), gemm_peak, attention,
+      t.attention_flops / 1e12, rate(t.attention_flops, attention), share(t.attention_flops, attention, kPeakFp32Flops),
+      ssm, other);
+}
+
 class CudaEngine final : public eval::SweepEngine {
  public:
   CudaEngine(model::TeacherForcedModel& model, GemmPrecision compute, int chunk_rows, std::ostream& log)
@@ -59,6 +100,13 @@ class CudaEngine final : public eval::SweepEngine {
     REPLAYSSM_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     device_ = fmt::format("cuda: {} (sm_{}{}), compute {}", prop.name, prop.major, prop.minor, to_string(compute));
     compute_ = compute == GemmPrecision::bf16 ? "bf16" : compute == GemmPrecision::bf16x3 ? "bf16x3" : "fp32";
+    compute_precision_ = compute;
+    timing_ = timing_requested();
+    gpu_.set_timing(timing_);
+    if (timing_)
+      log_ << fmt::format("kl-sweep: REPLAYSSM_GPU_TIMING: the GPU time split of every pass follows (CUDA events; "
+                          "peaks: H200 SXM datasheet, FP32 {:.0f} TFLOP/s, BF16 tensor cores {:.0f} TFLOP/s dense)\n",
+                          kPeakFp32Flops / 1e12, kPeakBf16TensorFlops / 1e12);
   }
   const model::TeacherForcedModel& model() const override { return model_; }
   std::string device() const override { return device_; }
@@ -69,8 +117,15 @@ class CudaEngine final : public eval::SweepEngine {
     plan_memory(N);
     input_.assign(input.begin(), input.end());
     ref_hidden_.resize(N, gpu_.hidden_size());
+    const double t0 = now_s();
     gpu_.final_hidden(input_, model::PolicyAssignment(policy), ref_hidden_.view());
     REPLAYSSM_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+    if (timing_) {
+      const double seconds = now_s() - t0;
+      log_ << fmt::format("kl-sweep: GPU timing, reference {}: {} positions, forward {:.2f} s wall ({:.0f} tokens/s); {}\n",
+                          policy.to_string(), N, seconds, static_cast<double>(N) / seconds,
+                          forward_split(gpu_.last_timing(), compute_precision_));
+    }
   }
 
   eval::CompareTimes compare(const ssm::PrecisionPolicy& policy, std::span<const int32_t> targets, int chunk_rows,
@@ -92,6 +147,18 @@ class CudaEngine final : public eval::SweepEngine {
     logits_ref_.resize(chunk, vocab);
     logits_cfg_.resize(chunk, vocab);
     std::vector<eval::PositionResult> results;
+    // Timing: the LM-head products through a GemmTally, the whole KL phase as one interval.
+    GemmTally tally;
+    std::optional<ScopedGemmTally> tally_scope;
+    int kl_id = -1;
+    if (timing_) {
+      if (!kl_intervals_) kl_intervals_ = std::make_unique<GpuIntervals>(2);
+      kl_intervals_->clear();
+      tally.intervals = kl_intervals_.get();
+      tally.category = 1;
+      tally_scope.emplace(&tally);
+      kl_id = kl_intervals_->begin(0, gpu_.stream());
+    }
     for (int64_t p0 = 0; p0 < N; p0 += chunk) {
       const int64_t rows = std::min<int64_t>(chunk, N - p0);
       const DeviceMatrix lr = logits_ref_.view().middle_rows(0, rows), lc = logits_cfg_.view().middle_rows(0, rows);
@@ -101,7 +168,20 @@ class CudaEngine final : public eval::SweepEngine {
       compare_positions_gpu(lr, lc, targets_.data() + p0, results, gpu_.stream());
       if (cb.on_results) cb.on_results(p0, results);
     }
-    return {t1 - t0, now_s() - t1};
+    const double t2 = now_s();
+    if (timing_) {
+      kl_intervals_->end(kl_id, gpu_.stream());
+      const std::vector<double> t = kl_intervals_->collect();
+      const double kl = t[0], head = t[1], wall = t2 - t0;
+      log_ << fmt::format(
+          "kl-sweep: GPU timing, {}: {} positions in {:.2f} s wall ({:.0f} tokens/s; forward {:.2f} s, KL {:.2f} s); "
+          "{}; KL {:.2f} s = LM head {:.2f} s (both distributions, {:.1f} TFLOP, {}) + log-softmax, KL and "
+          "results {:.2f} s\n",
+          policy.to_string(), N, wall, static_cast<double>(N) / wall, t1 - t0, t2 - t1,
+          forward_split(gpu_.last_timing(), compute_precision_), kl, head, tally.flops / 1e12,
+          rate(compute_precision_ == GemmPrecision::fp32 ? tally.flops : tally.tensor_flops, head), kl - head);
+    }
+    return {t1 - t0, t2 - t1};
   }
 
  private:
@@ -135,6 +215,9 @@ class CudaEngine final : public eval::SweepEngine {
   int chunk_rows_;
   std::string device_, compute_;
   int64_t planned_ = -1;
+  GemmPrecision compute_precision_ = GemmPrecision::fp32;
+  bool timing_ = false;
+  std::unique_ptr<GpuIntervals> kl_intervals_;
   std::vector<int32_t> input_;
   DeviceMatrixBuffer ref_hidden_, cfg_hidden_, logits_ref_, logits_cfg_;
   DeviceBuffer<int32_t> targets_;

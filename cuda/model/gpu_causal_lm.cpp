@@ -4,13 +4,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "model/attention_gpu.h"
 #include "model/gpu_blocks.h"
 #include "model/gpu_kimi_blocks.h"
+#include "model/gpu_timing.h"
 #include "model/linear_gpu.h"
 #include "model/model_ops.h"
 #include "model/moe.h"
@@ -52,6 +55,13 @@ std::unique_ptr<GpuBlock> position_wise_twin(const model::Block& cpu, GemmPrecis
   if (const auto* mlp = dynamic_cast<const model::Mlp*>(&cpu)) return std::make_unique<GpuMlp>(*mlp, gemm, arena);
   return std::make_unique<GpuMixtureOfExperts>(dynamic_cast<const model::MixtureOfExperts&>(cpu), gemm, arena);
 }
+// Interval categories of a timed forward (GpuForwardTiming).
+enum TimingCategory : int { kTotal, kAttentionLayers, kSsmLayers, kMlpLayers, kAttentionGemm, kSsmGemm, kMlpGemm, kCategories };
+int layer_category(model::LayerKind k) {
+  if (position_wise(k)) return kMlpLayers;
+  return model::is_ssm_layer(k) ? kSsmLayers : kAttentionLayers;
+}
+int gemm_category(int layer) { return layer - kAttentionLayers + kAttentionGemm; }
 
 }  // namespace
 
@@ -73,6 +83,9 @@ struct GpuCausalLM::Impl {
   ScratchArena arena = std::make_shared<DeviceBuffer<float>>();
   mutable DeviceBuffer<float> normed, block_out;
   mutable DeviceBuffer<int32_t> token_ids;
+  bool timing = false;
+  mutable std::unique_ptr<GpuIntervals> intervals;
+  mutable GpuForwardTiming last_timing;
 
   ~Impl() {
     if (cublas) cublasDestroy(cublas);
@@ -206,6 +219,8 @@ GpuCausalLM::~GpuCausalLM() = default;
 int GpuCausalLM::vocab_size() const { return impl_->config.vocab_size; }
 int GpuCausalLM::hidden_size() const { return impl_->config.hidden_size; }
 GemmPrecision GpuCausalLM::gemm_precision() const { return impl_->gemm; }
+void GpuCausalLM::set_timing(bool on) { impl_->timing = on; }
+const GpuForwardTiming& GpuCausalLM::last_timing() const { return impl_->last_timing; }
 cudaStream_t GpuCausalLM::stream() const { return impl_->stream; }
 
 GpuMemoryPlan GpuCausalLM::memory_plan(int64_t n) const {
@@ -256,6 +271,26 @@ void GpuCausalLM::final_hidden(std::span<const int32_t> tokens, const model::Pol
   m.block_out.resize(static_cast<std::size_t>(n * d));
   m.arena->resize(static_cast<std::size_t>(m.arena_floats(n)));  // grown once, before any block runs
   const DeviceMatrix h = out, xn{m.normed.data(), n, d, d}, y{m.block_out.data(), n, d, d};
+  // Timing (set_timing): one interval for the whole forward and one per block by kind; the GEMMs
+  // inside them through a GemmTally whose category follows the block.
+  GemmTally tally;
+  std::optional<ScopedGemmTally> tally_scope;
+  int total_id = -1;
+  if (m.timing) {
+    if (!m.intervals) m.intervals = std::make_unique<GpuIntervals>(kCategories);
+    m.intervals->clear();  // a forward that threw may have left intervals open
+    tally.intervals = m.intervals.get();
+    tally_scope.emplace(&tally);
+    total_id = m.intervals->begin(kTotal, m.stream);
+  }
+  auto timed = [&](model::LayerKind kind, const auto& run) {
+    if (!m.timing) return run();
+    const int category = layer_category(kind);
+    tally.category = gemm_category(category);
+    const int id = m.intervals->begin(category, m.stream);
+    run();
+    m.intervals->end(id, m.stream);
+  };
   embedding_gather_gpu(m.table(), m.token_ids.data(), h, m.stream);
 
   const float eps = static_cast<float>(m.config.norm_eps);
@@ -282,17 +317,38 @@ void GpuCausalLM::final_hidden(std::span<const int32_t> tokens, const model::Pol
     ctx.layer_index = li;
     ctx.policy = &policy.for_layer(li);
     const auto start = std::chrono::steady_clock::now();
-    if (position_wise(L.kind))
-      chunked(L.norm, *L.mixer);
-    else
-      whole(L.norm, *L.mixer);
-    if (L.mlp) chunked(L.mlp_norm, *L.mlp);
+    timed(L.kind, [&] {
+      if (position_wise(L.kind))
+        chunked(L.norm, *L.mixer);
+      else
+        whole(L.norm, *L.mixer);
+    });
+    if (L.mlp) timed(model::LayerKind::mlp, [&] { chunked(L.mlp_norm, *L.mlp); });
     if (on_layer_done) {
       REPLAYSSM_CUDA_CHECK(cudaStreamSynchronize(m.stream));  // the time of this layer's work
       on_layer_done(li, n_layers, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
   }
   rms_norm_rows_gpu(h, h, m.final_norm, eps, plus_one, group, m.stream);
+  if (m.timing) {
+    m.intervals->end(total_id, m.stream);
+    const std::vector<double> t = m.intervals->collect();  // waits for the forward
+    GpuForwardTiming& r = m.last_timing;
+    r = GpuForwardTiming{};
+    r.total = t[kTotal];
+    r.attention_layers = t[kAttentionLayers];
+    r.ssm_layers = t[kSsmLayers];
+    r.mlp_layers = t[kMlpLayers];
+    r.attention_gemm = t[kAttentionGemm];
+    r.ssm_gemm = t[kSsmGemm];
+    r.mlp_gemm = t[kMlpGemm];
+    r.gemm_flops = tally.flops;
+    r.gemm_tensor_flops = tally.tensor_flops;
+    r.gemm_calls = tally.calls;
+    const model::AttentionShape& a = m.config.attention;
+    const double nd = static_cast<double>(n);
+    r.attention_flops = m.config.attention_layer_count() * static_cast<double>(a.num_heads) * nd * (nd + 1) * 2.0 * a.head_dim;
+  }
 }
 
 void GpuCausalLM::lm_logits(ConstDeviceMatrix hidden_rows, DeviceMatrix logits) const {

@@ -18,6 +18,21 @@
 namespace replayssm::cuda {
 
 // What a forward over `positions` positions holds on the device, in bytes.
+// The GPU time of one final_hidden, measured with CUDA events when set_timing(true) (issue 10
+// benchmark: "the time split (GEMMs, attention, scans, KL)"), in seconds; FLOPs counted from the shapes.
+// Layer times are whole blocks (norm, block, residual add) including the GEMMs inside them, which
+// are also counted apart, so e.g. the attention kernels' time is attention_layers - attention_gemm.
+struct GpuForwardTiming {
+  double total = 0;                                             // embedding gather to final norm
+  double attention_layers = 0, ssm_layers = 0, mlp_layers = 0;  // token mixers by kind; MLP/MoE blocks
+  double attention_gemm = 0, ssm_gemm = 0, mlp_gemm = 0;        // GpuLinear products inside them
+  double gemm_flops = 0;         // 2 rows in out summed over the products (the FP32 product's count)
+  double gemm_tensor_flops = 0;  // BF16 tensor-core FLOPs executed (bf16x3: 3 or 6 per product FLOP)
+  double attention_flops = 0;    // causal QK^T and PV: heads N (N + 1) (dqk + dv) per attention layer
+  int64_t gemm_calls = 0;
+  double gemm() const { return attention_gemm + ssm_gemm + mlp_gemm; }
+};
+
 struct GpuMemoryPlan {
   int64_t weight_bytes = 0;      // every uploaded weight (float32, + BF16 parts when asked for)
   int64_t activation_bytes = 0;  // normalised copy and block output (N x hidden each), token ids; the
@@ -56,6 +71,11 @@ class GpuCausalLM {
   // std::invalid_argument naming the position. on_layer_done as for CausalLM::final_hidden.
   void final_hidden(std::span<const int32_t> tokens, const model::PolicyAssignment& policy, DeviceMatrix out,
                     const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done = {}) const;
+  // Times every following final_hidden (CUDA events; final_hidden then waits for its work before
+  // returning) and keeps the split for last_timing(); off by default.
+  void set_timing(bool on);
+  // The split of the last timed final_hidden (zeros before one).
+  const GpuForwardTiming& last_timing() const;
   // logits = hidden_rows W_lm^T: rows x vocab (any ld), on the device, on stream() (not synchronised).
   void lm_logits(ConstDeviceMatrix hidden_rows, DeviceMatrix logits) const;
   cudaStream_t stream() const;

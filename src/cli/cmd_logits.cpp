@@ -20,6 +20,7 @@
 #include "model/causal_lm.h"
 
 #if REPLAYSSM_WITH_CUDA
+#include "cuda_check.h"
 #include "device_memory.h"
 #include "model/gpu_causal_lm.h"
 #endif
@@ -120,6 +121,8 @@ void run_logits(const LogitsOptions& o) {
       const int64_t count = std::min<int64_t>(o.chunk, n - p0);
       logits.resize(count, lm.vocab_size());
       gpu.lm_logits(hidden.view().middle_rows(p0, count), logits.view());
+      // The model's stream does not synchronise with the copy's default stream: wait for it.
+      REPLAYSSM_CUDA_CHECK(cudaStreamSynchronize(gpu.stream()));
       const std::vector<float> host = cuda::to_host(logits.view());
       rows = Eigen::Map<const model::Mat>(host.data(), count, lm.vocab_size());
       if (!o.raw) model::log_softmax_rows(rows, o.threads);
