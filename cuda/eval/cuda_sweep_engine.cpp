@@ -116,6 +116,7 @@ class CudaEngine final : public eval::SweepEngine {
     const auto N = static_cast<int64_t>(input.size());
     plan_memory(N);
     input_.assign(input.begin(), input.end());
+    reference_ = policy;
     ref_hidden_.resize(N, gpu_.hidden_size());
     const double t0 = now_s();
     gpu_.final_hidden(input_, model::PolicyAssignment(policy), ref_hidden_.view());
@@ -134,7 +135,6 @@ class CudaEngine final : public eval::SweepEngine {
     if (ref_hidden_.rows() != N || N == 0) throw std::logic_error("SweepEngine::compare before set_reference");
     if (static_cast<int64_t>(targets.size()) != N)
       throw std::invalid_argument(fmt::format("compare: {} targets for {} positions", targets.size(), N));
-    const int vocab = gpu_.vocab_size();
     if (cb.on_phase) cb.on_phase("forward");
     const double t0 = now_s();
     cfg_hidden_.resize(N, gpu_.hidden_size());
@@ -142,11 +142,6 @@ class CudaEngine final : public eval::SweepEngine {
     REPLAYSSM_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
     const double t1 = now_s();
     if (cb.on_phase) cb.on_phase("KL");
-    targets_.upload(targets.data(), targets.size(), gpu_.stream());
-    const int64_t chunk = std::min<int64_t>(chunk_rows, N);
-    logits_ref_.resize(chunk, vocab);
-    logits_cfg_.resize(chunk, vocab);
-    std::vector<eval::PositionResult> results;
     // Timing: the LM-head products through a GemmTally, the whole KL phase as one interval.
     GemmTally tally;
     std::optional<ScopedGemmTally> tally_scope;
@@ -159,15 +154,7 @@ class CudaEngine final : public eval::SweepEngine {
       tally_scope.emplace(&tally);
       kl_id = kl_intervals_->begin(0, gpu_.stream());
     }
-    for (int64_t p0 = 0; p0 < N; p0 += chunk) {
-      const int64_t rows = std::min<int64_t>(chunk, N - p0);
-      const DeviceMatrix lr = logits_ref_.view().middle_rows(0, rows), lc = logits_cfg_.view().middle_rows(0, rows);
-      gpu_.lm_logits(ref_hidden_.view().middle_rows(p0, rows), lr);
-      gpu_.lm_logits(cfg_hidden_.view().middle_rows(p0, rows), lc);
-      results.resize(static_cast<std::size_t>(rows));
-      compare_positions_gpu(lr, lc, targets_.data() + p0, results, gpu_.stream());
-      if (cb.on_results) cb.on_results(p0, results);
-    }
+    compare_hidden(ref_hidden_, std::nullopt, cfg_hidden_, std::nullopt, targets, chunk_rows, cb);
     const double t2 = now_s();
     if (timing_) {
       kl_intervals_->end(kl_id, gpu_.stream());
@@ -184,7 +171,50 @@ class CudaEngine final : public eval::SweepEngine {
     return {t1 - t0, t2 - t1};
   }
 
+  eval::CompareTimes compare_compute_noise_floor(std::span<const int32_t> targets, int chunk_rows,
+                                                 const eval::CompareCallbacks& cb) override {
+    if (compute_precision_ == GemmPrecision::fp32)
+      return eval::SweepEngine::compare_compute_noise_floor(targets, chunk_rows, cb);
+    const auto N = static_cast<int64_t>(input_.size());
+    if (ref_hidden_.rows() != N || N == 0) throw std::logic_error("SweepEngine::compare before set_reference");
+    if (static_cast<int64_t>(targets.size()) != N)
+      throw std::invalid_argument(fmt::format("compare: {} targets for {} positions", targets.size(), N));
+    if (cb.on_phase) cb.on_phase("forward at FP32 compute");
+    const double t0 = now_s();
+    cfg_hidden_.resize(N, gpu_.hidden_size());
+    gpu_.final_hidden(input_, model::PolicyAssignment(reference_), cfg_hidden_.view(), {}, GemmPrecision::fp32);
+    REPLAYSSM_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+    const double t1 = now_s();
+    if (cb.on_phase) cb.on_phase("KL");
+    // p: the reference at FP32 compute (its LM head in FP32 too); q: the reference at this compute.
+    compare_hidden(cfg_hidden_, GemmPrecision::fp32, ref_hidden_, std::nullopt, targets, chunk_rows, cb);
+    return {t1 - t0, now_s() - t1};
+  }
+
  private:
+  // Both distributions' logits chunk by chunk (the LM head at p_gemm / q_gemm; unset: the model's
+  // own precision) and their comparison on the GPU; the results to cb.on_results.
+  void compare_hidden(const DeviceMatrixBuffer& p_hidden, std::optional<GemmPrecision> p_gemm,
+                      const DeviceMatrixBuffer& q_hidden, std::optional<GemmPrecision> q_gemm,
+                      std::span<const int32_t> targets, int chunk_rows, const eval::CompareCallbacks& cb) {
+    const auto N = static_cast<int64_t>(input_.size());
+    const int vocab = gpu_.vocab_size();
+    targets_.upload(targets.data(), targets.size(), gpu_.stream());
+    const int64_t chunk = std::min<int64_t>(chunk_rows, N);
+    logits_ref_.resize(chunk, vocab);
+    logits_cfg_.resize(chunk, vocab);
+    std::vector<eval::PositionResult> results;
+    for (int64_t p0 = 0; p0 < N; p0 += chunk) {
+      const int64_t rows = std::min<int64_t>(chunk, N - p0);
+      const DeviceMatrix lp = logits_ref_.view().middle_rows(0, rows), lq = logits_cfg_.view().middle_rows(0, rows);
+      gpu_.lm_logits(p_hidden.view().middle_rows(p0, rows), lp, p_gemm);
+      gpu_.lm_logits(q_hidden.view().middle_rows(p0, rows), lq, q_gemm);
+      results.resize(static_cast<std::size_t>(rows));
+      compare_positions_gpu(lp, lq, targets_.data() + p0, results, gpu_.stream());
+      if (cb.on_results) cb.on_results(p0, results);
+    }
+  }
+
   // The memory plan of a book of N positions: printed once per length, refused when it does not fit.
   void plan_memory(int64_t N) {
     if (N == planned_) return;
@@ -219,6 +249,7 @@ class CudaEngine final : public eval::SweepEngine {
   bool timing_ = false;
   std::unique_ptr<GpuIntervals> kl_intervals_;
   std::vector<int32_t> input_;
+  ssm::PrecisionPolicy reference_;
   DeviceMatrixBuffer ref_hidden_, cfg_hidden_, logits_ref_, logits_cfg_;
   DeviceBuffer<int32_t> targets_;
 };

@@ -255,7 +255,8 @@ GpuMemoryPlan GpuCausalLM::memory_plan(int64_t n) const {
 
 void GpuCausalLM::final_hidden(std::span<const int32_t> tokens, const model::PolicyAssignment& policy,
                                DeviceMatrix out,
-                               const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done) const {
+                               const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done,
+                               std::optional<GemmPrecision> gemm) const {
   const Impl& m = *impl_;
   const int64_t n = static_cast<int64_t>(tokens.size()), d = m.config.hidden_size;
   if (out.rows != n || out.cols != d || out.ld < d)
@@ -296,7 +297,7 @@ void GpuCausalLM::final_hidden(std::span<const int32_t> tokens, const model::Pol
   const float eps = static_cast<float>(m.config.norm_eps);
   const bool plus_one = m.config.norm_plus_one;
   const int group = static_cast<int>(d);
-  GpuContext ctx{m.stream, m.cublas, m.gemm, 0, nullptr};
+  GpuContext ctx{m.stream, m.cublas, gemm.value_or(m.gemm), 0, nullptr};
   auto whole = [&](const DeviceBuffer<float>& norm, const GpuBlock& block) {
     rms_norm_rows_gpu(h, xn, norm, eps, plus_one, group, m.stream);
     block.forward(xn, y, ctx);
@@ -351,14 +352,15 @@ void GpuCausalLM::final_hidden(std::span<const int32_t> tokens, const model::Pol
   }
 }
 
-void GpuCausalLM::lm_logits(ConstDeviceMatrix hidden_rows, DeviceMatrix logits) const {
+void GpuCausalLM::lm_logits(ConstDeviceMatrix hidden_rows, DeviceMatrix logits,
+                            std::optional<GemmPrecision> gemm) const {
   const Impl& m = *impl_;
   if (hidden_rows.cols != m.config.hidden_size || logits.cols != m.config.vocab_size ||
       logits.rows != hidden_rows.rows)
     throw std::invalid_argument(fmt::format("lm_logits: hidden rows {} x {}, logits {} x {}; expected N x {} and N x {}",
                                             hidden_rows.rows, hidden_rows.cols, logits.rows, logits.cols,
                                             m.config.hidden_size, m.config.vocab_size));
-  m.lm_head.apply(hidden_rows, logits, GpuContext{m.stream, m.cublas, m.gemm, 0, nullptr});
+  m.lm_head.apply(hidden_rows, logits, GpuContext{m.stream, m.cublas, gemm.value_or(m.gemm), 0, nullptr});
 }
 
 }  // namespace replayssm::cuda

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -69,15 +70,19 @@ class GpuCausalLM {
   // Final-norm hidden states of every position (tokens.size() x hidden) into `out` (dense,
   // tokens.size() rows), every SSM layer under `policy`. Token ids outside [0, vocab) throw
   // std::invalid_argument naming the position. on_layer_done as for CausalLM::final_hidden.
+  // `gemm` overrides the model's GEMM precision for this call (the --compute noise floor runs the
+  // reference at FP32 compute on a model built for BF16; every weight keeps its FP32 copy).
   void final_hidden(std::span<const int32_t> tokens, const model::PolicyAssignment& policy, DeviceMatrix out,
-                    const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done = {}) const;
+                    const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done = {},
+                    std::optional<GemmPrecision> gemm = std::nullopt) const;
   // Times every following final_hidden (CUDA events; final_hidden then waits for its work before
   // returning) and keeps the split for last_timing(); off by default.
   void set_timing(bool on);
   // The split of the last timed final_hidden (zeros before one).
   const GpuForwardTiming& last_timing() const;
   // logits = hidden_rows W_lm^T: rows x vocab (any ld), on the device, on stream() (not synchronised).
-  void lm_logits(ConstDeviceMatrix hidden_rows, DeviceMatrix logits) const;
+  void lm_logits(ConstDeviceMatrix hidden_rows, DeviceMatrix logits,
+                 std::optional<GemmPrecision> gemm = std::nullopt) const;
   cudaStream_t stream() const;
 
  private:

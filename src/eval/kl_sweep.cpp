@@ -63,21 +63,23 @@ void check_inputs(const TeacherForcedModel& model, const std::vector<SweepBook>&
 
 // One (configuration, book) cell: the engine runs the configuration and compares it with the
 // book's reference position by position; the accumulator keeps the per-position KL and the statistics.
-CellRecord compute_cell(SweepEngine& engine, std::span<const int32_t> targets, const PrecisionPolicy& policy,
-                        const SweepOptions& o, ProgressBar& bar, const std::string& where) {
+// `policy` null: the compute noise floor (SweepEngine::compare_compute_noise_floor), named `name`.
+CellRecord compute_cell(SweepEngine& engine, std::span<const int32_t> targets, const PrecisionPolicy* policy,
+                        const std::string& name, const SweepOptions& o, ProgressBar& bar, const std::string& where) {
   const auto N = static_cast<int64_t>(targets.size());
   CellAccumulator acc(N, length_bucket_edges(N), o.threads);
   CompareCallbacks cb;
   cb.on_phase = [&](std::string_view phase) {
-    bar.set_status(fmt::format("{} | {} | {}", where, policy.to_string(), phase));
+    bar.set_status(fmt::format("{} | {} | {}", where, name, phase));
   };
   cb.on_results = [&](int64_t first, std::span<const PositionResult> results) {
     acc.add_results(first, results);
     bar.advance(static_cast<int64_t>(results.size()));
   };
-  const CompareTimes times = engine.compare(policy, targets, o.chunk_rows, cb);
+  const CompareTimes times = policy ? engine.compare(*policy, targets, o.chunk_rows, cb)
+                                    : engine.compare_compute_noise_floor(targets, o.chunk_rows, cb);
   if (!acc.complete())
-    throw std::runtime_error(fmt::format("{} on {}: the engine compared {} of {} positions", policy.to_string(), where,
+    throw std::runtime_error(fmt::format("{} on {}: the engine compared {} of {} positions", name, where,
                                          acc.positions_added(), N));
   CellRecord rec;
   rec.stats = acc.finish();
@@ -127,9 +129,13 @@ SweepOutcome run_kl_sweep(SweepEngine& engine, const std::vector<SweepBook>& boo
   check_inputs(model, books, o);
   const PrecisionPolicy reference = PrecisionPolicy::parse(o.reference);
   const int64_t N = o.n_positions;
-  const std::size_t B = books.size(), C = o.policies.size();
+  // Below FP32 compute, the noise floor is one more configuration, after the policies (index P).
+  const std::size_t B = books.size(), P = o.policies.size();
+  const bool noise_floor = engine.compute() != "fp32";
+  const std::size_t C = P + (noise_floor ? 1 : 0);
   std::vector<std::string> policy_names, book_names;
   for (const auto& p : o.policies) policy_names.push_back(p.to_string());
+  if (noise_floor) policy_names.push_back(compute_noise_floor_name(engine.compute()));
   for (const auto& b : books) book_names.push_back(b.name);
   const nlohmann::json identity = sweep_identity(model, books, o, engine.compute());
   CellStore store(o.out_path, identity, policy_names, book_names, N, log);
@@ -177,7 +183,7 @@ SweepOutcome run_kl_sweep(SweepEngine& engine, const std::vector<SweepBook>& boo
     engine.set_reference(input, reference);
     for (std::size_t c = 0; c < C; ++c) {
       if (store.done(c, b)) continue;
-      CellRecord rec = compute_cell(engine, targets, o.policies[c], o, bar, where);
+      CellRecord rec = compute_cell(engine, targets, c < P ? &o.policies[c] : nullptr, policy_names[c], o, bar, where);
       if (rec.stats.nonfinite_positions > 0) {
         int64_t first = -1;
         for (int64_t i = 0; i < N && first < 0; ++i)
@@ -205,6 +211,17 @@ SweepOutcome run_kl_sweep(SweepEngine& engine, const std::vector<SweepBook>& boo
     cj["books"] = book_names;
     config_jsons.push_back(cj.dump());
   }
+  if (noise_floor)
+    config_jsons.push_back(nlohmann::json{{"kind", "compute noise floor"},
+                                          {"compute", engine.compute()},
+                                          {"compared", fmt::format("{} at FP32 compute (p) against {} at {} compute (q), "
+                                                                   "KL(p || q)",
+                                                                   reference.to_string(), reference.to_string(),
+                                                                   engine.compute())},
+                                          {"reference", reference.to_string()},
+                                          {"n_positions", N},
+                                          {"books", book_names}}
+                               .dump());
   outcome.rows = store.merge(results_metadata(engine, o, identity), rbooks, config_jsons);
   outcome.seconds = now_s() - t_start;
   return outcome;

@@ -46,7 +46,10 @@
 // reference policy, N, the model's content hash and description, the tokenizer, every book's
 // name, stripped-text hash and hash of the N + 1 token ids used, the configurations' canonical
 // policy strings in order, and the engine's compute precision when it is not fp32 (--compute bf16
-// changes the numbers; the device does not, beyond rounding, and is recorded per cell instead). Paths, the command line, chunk size, thread count and the time are
+// changes the numbers; the device does not, beyond rounding, and is recorded per cell instead).
+// Below FP32 compute the sweep has one more configuration, compute_noise_floor_name(compute)
+// (sweep_engine.h): KL of the reference at FP32 compute against the reference at this compute, the
+// noise floor the configurations are measured against; it is stored and resumed like the others. Paths, the command line, chunk size, thread count and the time are
 // recorded but are not part of it. A resumed sweep built from a different commit is allowed; the
 // builds that contributed are listed in the root attribute toolkit_versions_used.
 #pragma once

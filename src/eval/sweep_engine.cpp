@@ -76,6 +76,13 @@ class CpuEngine final : public SweepEngine {
 
 }  // namespace
 
+CompareTimes SweepEngine::compare_compute_noise_floor(std::span<const int32_t>, int, const CompareCallbacks&) {
+  throw std::logic_error(fmt::format("compare_compute_noise_floor: the {} engine computes in {}: no noise floor", device(),
+                                     compute()));
+}
+
+std::string compute_noise_floor_name(const std::string& compute) { return "noise-floor:" + compute + "-vs-fp32"; }
+
 std::unique_ptr<SweepEngine> make_cpu_engine(model::TeacherForcedModel& model, int threads) {
   return std::make_unique<CpuEngine>(model, threads);
 }

@@ -46,7 +46,17 @@ class SweepEngine {
   // Throws std::logic_error without a reference, std::runtime_error on model outputs of the wrong shape.
   virtual CompareTimes compare(const ssm::PrecisionPolicy& policy, std::span<const int32_t> targets, int chunk_rows,
                                const CompareCallbacks& callbacks) = 0;
+  // Engines computing below FP32 (compute() != "fp32"): the noise floor the configurations are
+  // measured against (issue 10, --compute bf16) — the reference policy run at FP32 compute (p) and
+  // at this engine's compute (q, the reference of every configuration), compared per position:
+  // KL(p_fp32 compute || p_this compute). Throws std::logic_error on an FP32 engine.
+  virtual CompareTimes compare_compute_noise_floor(std::span<const int32_t> targets, int chunk_rows,
+                                                   const CompareCallbacks& callbacks);
 };
+
+// The result-file name of the compute noise floor's configuration ("noise-floor:bf16-vs-fp32"):
+// stored beside the configurations, its per-position KL is KL(p_fp32 compute || p_COMPUTE).
+std::string compute_noise_floor_name(const std::string& compute);
 
 // The CPU engine: TeacherForcedModel::final_hidden and log_probs, compared by compare_positions
 // on `threads` threads (0: hardware). The model must outlive the engine.

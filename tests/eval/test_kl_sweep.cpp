@@ -582,3 +582,89 @@ TEST_CASE("sample result file for the Python tests" * doctest::skip()) {
   const eval::SweepOutcome r = eval::run_kl_sweep(model, books, o);
   CHECK(r.cells_run == static_cast<int64_t>(2 * o.policies.size()));
 }
+
+namespace {
+// An engine computing "below FP32": the CPU engine, but its reference runs under `regime` (a
+// stand-in for BF16 compute), and its noise floor compares the reference policy as given (the FP32
+// compute) with the reference under `regime`.
+class LowComputeEngine final : public eval::SweepEngine {
+ public:
+  LowComputeEngine(model::TeacherForcedModel& m, ssm::PrecisionPolicy regime)
+      : cpu_(eval::make_cpu_engine(m, 1)), regime_(regime), m_(m) {}
+  const model::TeacherForcedModel& model() const override { return m_; }
+  std::string device() const override { return "test"; }
+  std::string compute() const override { return "low"; }
+  void set_reference(std::span<const int32_t> input, const ssm::PrecisionPolicy& policy) override {
+    reference_ = policy;
+    input_.assign(input.begin(), input.end());
+    cpu_->set_reference(input, regime_);
+  }
+  eval::CompareTimes compare(const ssm::PrecisionPolicy& p, std::span<const int32_t> t, int chunk,
+                             const eval::CompareCallbacks& cb) override {
+    return cpu_->compare(p, t, chunk, cb);
+  }
+  eval::CompareTimes compare_compute_noise_floor(std::span<const int32_t> t, int chunk,
+                                                 const eval::CompareCallbacks& cb) override {
+    ++noise_floor_calls;
+    const auto fp32 = eval::make_cpu_engine(m_, 1);
+    fp32->set_reference(input_, reference_);
+    return fp32->compare(regime_, t, chunk, cb);
+  }
+  int noise_floor_calls = 0;
+
+ private:
+  std::unique_ptr<eval::SweepEngine> cpu_;
+  ssm::PrecisionPolicy regime_, reference_;
+  std::vector<int32_t> input_;
+  model::TeacherForcedModel& m_;
+};
+}  // namespace
+
+TEST_CASE("below FP32 compute the sweep stores the compute noise floor beside the configurations, and resumes it") {
+  const fs::path dir = fresh_dir("noise_floor");
+  TinySsmModel model({});
+  const int64_t N = 96;
+  const auto books = make_books(2, N + 3, model.vocab_size(), 29);
+  const auto o = options(dir / "nf.h5", N, {"shared:nvfp4+sr"});
+  const ssm::PrecisionPolicy regime = ssm::PrecisionPolicy::parse("conv:bf16");
+  LowComputeEngine engine(model, regime);
+  const eval::SweepOutcome r = eval::run_kl_sweep(engine, books, o);
+  CHECK(r.cells_total == 4);  // (1 configuration + the noise floor) x 2 books
+  REQUIRE(r.rows.size() == 2);
+  CHECK(r.rows[1].policy == "noise-floor:low-vs-fp32");
+  CHECK(engine.noise_floor_calls == 2);
+  // The stored noise floor is KL(reference at FP32 || reference at the low compute), computed directly.
+  io::h5::Handle f = io::h5::open_file((dir / "nf.h5").string());
+  const std::vector<float> kl = io::h5::read_dataset<float>(f, "configs/noise-floor:low-vs-fp32/kl");
+  REQUIRE(kl.size() == static_cast<std::size_t>(2 * N));
+  double worst = 0, sum = 0;
+  for (std::size_t b = 0; b < books.size(); ++b) {
+    const std::span<const int32_t> in(books[b].tokens.data(), static_cast<std::size_t>(N));
+    const model::RowMatrixXf p = model.log_probs(model.final_hidden(in, ssm::PrecisionPolicy::parse("conv:fp32")));
+    const model::RowMatrixXf q = model.log_probs(model.final_hidden(in, regime));
+    for (int64_t t = 0; t < N; ++t) {
+      const double want = direct_kl(p.row(t).data(), q.row(t).data(), model.vocab_size());
+      // relative 1e-5, and 1e-12 absolute where the direct sum's own rounding dominates (KL ~ 0)
+      worst = std::max(worst, std::abs(kl[b * N + t] - want) / (1e-5 * want + 1e-12));
+      sum += want;
+    }
+  }
+  CHECK(sum > 0);  // a real, non-zero floor
+  CHECK(worst <= 1.0);
+  const nlohmann::json id = nlohmann::json::parse(io::h5::read_attr_string(f, "sweep"));
+  CHECK(id.at("compute") == "low");
+  f = io::h5::Handle();
+  // Run again: complete, nothing recomputed.
+  LowComputeEngine again(model, regime);
+  const eval::SweepOutcome r2 = eval::run_kl_sweep(again, books, o);
+  CHECK(r2.already_complete);
+  CHECK(again.noise_floor_calls == 0);
+}
+
+TEST_CASE("an FP32 engine has no compute noise floor") {
+  TinySsmModel model({});
+  const auto engine = eval::make_cpu_engine(model, 1);
+  const std::vector<int32_t> t(8, 0);
+  CHECK(test::contains(test::error_of<std::logic_error>([&] { engine->compare_compute_noise_floor(t, 4, {}); }),
+                       "computes in fp32: no noise floor"));
+}
