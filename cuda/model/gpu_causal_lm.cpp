@@ -18,6 +18,7 @@
 #include "model/model_ops.h"
 #include "model/moe.h"
 #include "ssm/sequence_scan.h"
+#include "model/cublas_api.h"
 
 namespace replayssm::cuda {
 namespace {
@@ -27,7 +28,7 @@ constexpr int64_t kPositionChunk = 2048;
 
 void check_cublas(cublasStatus_t s, const char* call) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(fmt::format("{} failed: {} ({})", call, cublasGetStatusName(s), cublasGetStatusString(s)));
+    throw std::runtime_error(fmt::format("{} failed: {} ({})", call, cublas_api().status_name(s), cublas_api().status_string(s)));
 }
 
 DeviceBuffer<float> upload_vec(const model::Vec& v) {
@@ -88,7 +89,7 @@ struct GpuCausalLM::Impl {
   mutable GpuForwardTiming last_timing;
 
   ~Impl() {
-    if (cublas) cublasDestroy(cublas);
+    if (cublas) cublas_api().destroy(cublas);
     if (stream) cudaStreamDestroy(stream);
   }
   ConstDeviceMatrix table() const {
@@ -167,10 +168,10 @@ GpuCausalLM::GpuCausalLM(const model::CausalLM& cpu, GemmPrecision gemm) : impl_
   m.config = cpu.config();
   m.gemm = gemm;
   REPLAYSSM_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
-  check_cublas(cublasCreate(&m.cublas), "cublasCreate");
-  check_cublas(cublasSetStream(m.cublas, m.stream), "cublasSetStream");
+  check_cublas(cublas_api().create(&m.cublas), "cublasCreate");
+  check_cublas(cublas_api().set_stream(m.cublas, m.stream), "cublasSetStream");
   // FP32 products without TF32 (GpuLinear refuses any other mode for GemmPrecision::fp32).
-  check_cublas(cublasSetMathMode(m.cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  check_cublas(cublas_api().set_math_mode(m.cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 
   for (const auto& L : cpu.layer_blocks()) {
     Impl::Layer g;

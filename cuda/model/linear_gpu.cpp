@@ -10,13 +10,14 @@
 
 #include "model/bf16_split.h"
 #include "model/model_ops.h"
+#include "model/cublas_api.h"
 
 namespace replayssm::cuda {
 namespace {
 
 void check_cublas(cublasStatus_t s, const char* call) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(fmt::format("{} failed: {} ({})", call, cublasGetStatusName(s), cublasGetStatusString(s)));
+    throw std::runtime_error(fmt::format("{} failed: {} ({})", call, cublas_api().status_name(s), cublas_api().status_string(s)));
 }
 
 int as_int(int64_t v, const char* what) {
@@ -130,12 +131,12 @@ void GpuLinear::apply(ConstDeviceMatrix x, DeviceMatrix y, const GpuContext& ctx
                                             x.ld, y.ld, x.cols, y.cols));
   if (!ctx.cublas) throw std::invalid_argument("GpuLinear::apply: the context has no cuBLAS handle");
   if (x.rows == 0 || out_ == 0) return;
-  check_cublas(cublasSetStream(ctx.cublas, ctx.stream), "cublasSetStream");
+  check_cublas(cublas_api().set_stream(ctx.cublas, ctx.stream), "cublasSetStream");
   const int m = out_, k = in_;
   const float one = 1.0f, zero = 0.0f;
   if (ctx.gemm == GemmPrecision::fp32) {
     cublasMath_t mode;
-    check_cublas(cublasGetMathMode(ctx.cublas, &mode), "cublasGetMathMode");
+    check_cublas(cublas_api().get_math_mode(ctx.cublas, &mode), "cublasGetMathMode");
     const int base = static_cast<int>(mode) & 0xf;
     if (base != CUBLAS_DEFAULT_MATH && base != CUBLAS_PEDANTIC_MATH)
       throw std::logic_error(fmt::format("GpuLinear::apply: the cuBLAS handle is in math mode {} (expected "
@@ -156,7 +157,7 @@ void GpuLinear::apply(ConstDeviceMatrix x, DeviceMatrix y, const GpuContext& ctx
                                            ctx.stream));
   } else if (ctx.gemm == GemmPrecision::fp32) {
     // Row-major y = x W^T is column-major y^T (out x rows) = W (op T of the column-major in x out) x^T.
-    check_cublas(cublasSgemm(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, as_int(x.rows, "rows"), k, &one,
+    check_cublas(cublas_api().sgemm(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, as_int(x.rows, "rows"), k, &one,
                              weight_.data(), k, x.data, as_int(x.ld, "x.ld"), &zero, y.data, as_int(y.ld, "y.ld")),
                  "cublasSgemm");
   } else {
@@ -167,7 +168,7 @@ void GpuLinear::apply(ConstDeviceMatrix x, DeviceMatrix y, const GpuContext& ctx
         x3(three ? part : 0, ctx.stream);
     auto gemm = [&](const DeviceBuffer<__nv_bfloat16>& w, const __nv_bfloat16* xp, int rows, float* out,
                     const float* beta) {
-      check_cublas(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, rows, k, &one, w.data(), CUDA_R_16BF, k, xp,
+      check_cublas(cublas_api().gemm_ex(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, rows, k, &one, w.data(), CUDA_R_16BF, k, xp,
                                 CUDA_R_16BF, k, beta, out, CUDA_R_32F, as_int(y.ld, "y.ld"), CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx");

@@ -28,6 +28,7 @@
 #include "model/attention_kernels.h"
 #include "model/test_model_util.h"
 #include "test_util.h"
+#include "model/cublas_api.h"
 
 using namespace replayssm;
 using model::Mat;
@@ -444,7 +445,7 @@ TEST_CASE("GpuAttention::attend_projected matches model::Attention::forward (CPU
 
 TEST_CASE("GpuAttention::forward (GpuLinear fp32) matches model::Attention::forward") {
   cublasHandle_t handle = nullptr;
-  REQUIRE(cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cuda::cublas_api().create(&handle) == CUBLAS_STATUS_SUCCESS);
   cuda::GpuContext ctx;
   ctx.cublas = handle;
   ctx.gemm = cuda::GemmPrecision::fp32;
@@ -468,5 +469,5 @@ TEST_CASE("GpuAttention::forward (GpuLinear fp32) matches model::Attention::forw
       CHECK_CLOSE(test::compare_close(got.data(), ref.data(), size, rms_relative(ref.data(), size), "gpu vs cpu forward"));
     }
   }
-  cublasDestroy(handle);
+  cuda::cublas_api().destroy(handle);
 }

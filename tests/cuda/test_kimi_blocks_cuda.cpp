@@ -39,6 +39,7 @@
 #include "model/kimi_ops.h"
 #include "model/moe.h"
 #include "../model/test_model_util.h"
+#include "model/cublas_api.h"
 
 using namespace replayssm;
 using namespace replayssm::cuda;
@@ -255,10 +256,10 @@ namespace {
 struct Blas {
   cublasHandle_t h = nullptr;
   Blas() {
-    REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
-    REQUIRE(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublas_api().create(&h) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublas_api().set_math_mode(h, CUBLAS_DEFAULT_MATH) == CUBLAS_STATUS_SUCCESS);
   }
-  ~Blas() { cublasDestroy(h); }
+  ~Blas() { cublas_api().destroy(h); }
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
 };

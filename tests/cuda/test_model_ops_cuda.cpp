@@ -28,6 +28,7 @@
 #include "model/linear_gpu.h"
 #include "model/model_ops.h"
 #include "test_util.h"
+#include "model/cublas_api.h"
 
 using namespace replayssm;
 using namespace replayssm::cuda;
@@ -306,10 +307,10 @@ namespace {
 struct Cublas {
   cublasHandle_t h = nullptr;
   Cublas() {
-    REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
-    REQUIRE(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublas_api().create(&h) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublas_api().set_math_mode(h, CUBLAS_DEFAULT_MATH) == CUBLAS_STATUS_SUCCESS);
   }
-  ~Cublas() { cublasDestroy(h); }
+  ~Cublas() { cublas_api().destroy(h); }
 };
 
 // Per-element a = sum_k |x_k| |W_k| (double): the scale of the GEMM error bounds.
@@ -348,7 +349,7 @@ TEST_CASE("GpuLinear fp32 (SGEMM) equals model::Linear::apply; strided x and y; 
   const GpuLinear gpu(cpu);
   Wide x(rng, 4, 16), y(rng, 4, 8), bad(rng, 4, 9);
   CHECK_THROWS_AS(gpu.apply(x.gpu(), bad.gpu(), ctx), std::invalid_argument);
-  REQUIRE(cublasSetMathMode(blas.h, CUBLAS_TF32_TENSOR_OP_MATH) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublas_api().set_math_mode(blas.h, CUBLAS_TF32_TENSOR_OP_MATH) == CUBLAS_STATUS_SUCCESS);
   CHECK_THROWS_WITH_AS(gpu.apply(x.gpu(), y.gpu(), ctx), doctest::Contains("math mode"), std::logic_error);
 }
 
