@@ -93,6 +93,15 @@ struct ConstDeviceMatrix {
   ConstDeviceMatrix middle_rows(int64_t r0, int64_t n) const { return {data + r0 * ld, n, cols, ld}; }
 };
 
+// Whether the element ranges two views touch (first to last element, gaps included) intersect:
+// the ops that cannot work in place refuse overlapping operands with it.
+inline bool views_overlap(ConstDeviceMatrix a, ConstDeviceMatrix b) {
+  if (a.rows == 0 || a.cols == 0 || b.rows == 0 || b.cols == 0) return false;
+  const float* a_end = a.data + (a.rows - 1) * a.ld + a.cols;
+  const float* b_end = b.data + (b.rows - 1) * b.ld + b.cols;
+  return a.data < b_end && b.data < a_end;
+}
+
 // A dense rows x cols matrix owning its memory.
 class DeviceMatrixBuffer {
  public:

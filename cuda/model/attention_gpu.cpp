@@ -28,14 +28,6 @@ void check_view(const ConstDeviceMatrix& m, const char* name, int64_t rows, int6
     throw std::invalid_argument(fmt::format("causal_attention_gpu: {} has no data", name));
 }
 
-// [first, last) element addresses a view touches.
-bool overlap(const ConstDeviceMatrix& a, const ConstDeviceMatrix& b) {
-  if (a.rows == 0 || a.cols == 0 || b.rows == 0 || b.cols == 0) return false;
-  const float* a_end = a.data + (a.rows - 1) * a.ld + a.cols;
-  const float* b_end = b.data + (b.rows - 1) * b.ld + b.cols;
-  return a.data < b_end && b.data < a_end;
-}
-
 }  // namespace
 
 void causal_attention_gpu(ConstDeviceMatrix q, ConstDeviceMatrix k, ConstDeviceMatrix v,
@@ -57,7 +49,7 @@ void causal_attention_gpu(ConstDeviceMatrix q, ConstDeviceMatrix k, ConstDeviceM
   check_view(v, "v", n, int64_t{Hkv} * heads.dv);
   check_view(out, "out", n, int64_t{H} * heads.dv);
   for (const auto& [in, name] : {std::pair{q, "q"}, std::pair{k, "k"}, std::pair{v, "v"}})
-    if (overlap(in, out)) throw std::invalid_argument(fmt::format("causal_attention_gpu: out overlaps {}", name));
+    if (views_overlap(in, out)) throw std::invalid_argument(fmt::format("causal_attention_gpu: out overlaps {}", name));
   attention_kernels::CausalAttentionArgs a;
   a.q = q.data, a.ldq = q.ld, a.q_head_stride = heads.dqk;
   a.k = k.data, a.ldk = k.ld, a.k_head_stride = heads.dqk;

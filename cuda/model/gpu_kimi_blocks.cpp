@@ -14,9 +14,11 @@
 #include "model/kimi_ops.h"
 #include "model/model_ops.h"
 #include "ssm/sequence_scan.h"
+#include "model/block_scratch.h"
 
 namespace replayssm::cuda {
 namespace {
+using namespace block_scratch;
 
 DeviceBuffer<float> upload_vec(const model::Vec& v) {
   DeviceBuffer<float> b;
@@ -55,23 +57,6 @@ GpuLinear stacked(std::initializer_list<const model::Linear*> parts, GemmPrecisi
   return GpuLinear(w, b, precision);
 }
 
-ScratchArena own_if_null(ScratchArena a) { return a ? a : std::make_shared<DeviceBuffer<float>>(); }
-
-void check_io(const char* block, ConstDeviceMatrix x, DeviceMatrix out, int hidden) {
-  if (x.cols != hidden || out.cols != hidden || out.rows != x.rows)
-    throw std::invalid_argument(fmt::format("{}::forward: x is {} x {}, out {} x {}; expected N x {} both", block,
-                                            x.rows, x.cols, out.rows, out.cols, hidden));
-}
-
-// Carves consecutive dense matrices out of the arena.
-struct Carver {
-  float* next;
-  DeviceMatrix take(int64_t rows, int64_t cols) {
-    DeviceMatrix m{next, rows, cols, cols};
-    next += rows * cols;
-    return m;
-  }
-};
 
 int64_t max_linear_scratch(std::initializer_list<const GpuLinear*> linears, int64_t rows, GemmPrecision p) {
   int64_t s = 0;

@@ -33,13 +33,6 @@ void check_same_shape(const char* what, int64_t r1, int64_t c1, int64_t r2, int6
 }
 
 // [first, last) bytes a view touches.
-bool overlap(ConstDeviceMatrix a, ConstDeviceMatrix b) {
-  if (a.rows == 0 || a.cols == 0 || b.rows == 0 || b.cols == 0) return false;
-  const float* a_end = a.data + (a.rows - 1) * a.ld + a.cols;
-  const float* b_end = b.data + (b.rows - 1) * b.ld + b.cols;
-  return a.data < b_end && b.data < a_end;
-}
-
 struct View {
   float* data;
   int64_t ld;
@@ -195,7 +188,8 @@ void mla_assemble_kv_gpu(ConstDeviceMatrix kvb, ConstDeviceMatrix k_rope, int he
   check_same_shape("mla_assemble_kv_gpu: k must be rows x heads (nope + rope)", k.rows, k.cols, n,
                    int64_t{heads} * (nope + rope));
   check_same_shape("mla_assemble_kv_gpu: v must be rows x heads dv", v.rows, v.cols, n, int64_t{heads} * dv);
-  if (overlap(k, kvb) || overlap(k, k_rope) || overlap(v, kvb) || overlap(v, k_rope) || overlap(k, v))
+  if (views_overlap(k, kvb) || views_overlap(k, k_rope) || views_overlap(v, kvb) || views_overlap(v, k_rope) ||
+      views_overlap(k, v))
     throw_invalid_argument("mla_assemble_kv_gpu: k and v must not overlap each other or the inputs");
   const int64_t total = n * int64_t{heads} * (nope + rope + dv);
   if (total == 0) return;
@@ -210,7 +204,7 @@ void moe_weighted_sum_gpu(ConstDeviceMatrix y, const int32_t* slot_row, const fl
   if (y.cols != out.cols)
     throw_invalid_argument("moe_weighted_sum_gpu: y and out differ in width", "y.cols", static_cast<long>(y.cols),
                            "out.cols", static_cast<long>(out.cols));
-  if (overlap(y, out)) throw_invalid_argument("moe_weighted_sum_gpu: out overlaps y");
+  if (views_overlap(y, out)) throw_invalid_argument("moe_weighted_sum_gpu: out overlaps y");
   const int64_t n = out.rows * out.cols;
   if (n == 0) return;
   if (!slot_row || !slot_weight) throw_invalid_argument("moe_weighted_sum_gpu: no slot rows or weights given");
