@@ -123,6 +123,9 @@ def length_label(n):
 
 def pretty_name(policy):
     """A readable legend label: 'separate: NVFP4+RTN read / FP16+SR recur, L=16'."""
+    if policy.startswith("noise-floor:"):  # a --compute sweep's noise floor (docs/KL_SWEEP.md)
+        compute = policy[len("noise-floor:"):].removesuffix("-vs-fp32")
+        return f"noise floor: reference at {compute.upper()} vs FP32 compute"
     p = parse_policy(policy)
     if p["recur"] is None:
         return policy

@@ -173,6 +173,7 @@ def test_load_results_and_policy_names(paper_like):
                  "family": "split:nvfp4+rtn/fp16+sr"}
     assert kl_results.pretty_name("split:nvfp4+rtn/fp32@16") == "separate: NVFP4+RTN read / FP32 recur, L=16"
     assert kl_results.pretty_name("shared:fp8b128+sr@16") == "shared: FP8+SR, L=16"
+    assert kl_results.pretty_name("noise-floor:bf16-vs-fp32") == "noise floor: reference at BF16 vs FP32 compute"
 
 
 def test_plot_length_window_and_table(paper_like, tmp_path):
