@@ -111,6 +111,11 @@ void write_column(hid_t g, const FieldCodec& f, const Column& values, std::size_
     const std::vector<double> levels(Percentiles::kLevels.begin(), Percentiles::kLevels.end());
     h5::write_attr(d, "levels", std::span<const double>(levels));
   }
+  // Named dimensions (the root's scales, see ResultsWriter): book, then bucket or percentile.
+  unsigned dim = 0;
+  if (books > 0) h5::attach_dimension_scale(g, f.field.name, "book", dim++);
+  if (f.field.width == W::buckets) h5::attach_dimension_scale(g, f.field.name, "bucket", dim);
+  if (f.field.width == W::percentiles) h5::attach_dimension_scale(g, f.field.name, "percentile", dim);
 }
 
 // The values of `f` for `s`, checked against the width the edges give (K buckets).
@@ -235,6 +240,23 @@ ResultsWriter::ResultsWriter(std::string path, const ResultsMetadata& meta, cons
   h5::write_dataset(g, "n_tokens", {n_tokens.size()}, n_tokens.data());
   h5::write_dataset(g, "tokens", {books.size(), width}, tokens.data(), {1, 65536});
   h5::create_group(f, "configs");
+
+  // Dimension scales: the coordinates of the configurations' arrays (kl [book, position], per-book
+  // statistics [book(, bucket | percentile)], aggregates [bucket | percentile]), so that
+  // xarray.open_dataset(file, engine="h5netcdf", group="configs/NAME") names them.
+  std::vector<int64_t> positions(static_cast<std::size_t>(meta.n_positions));
+  for (std::size_t t = 0; t < positions.size(); ++t) positions[t] = static_cast<int64_t>(t);
+  h5::write_dataset(f, "position", {positions.size()}, positions.data(),
+                    {std::max<hsize_t>(1, std::min<hsize_t>(positions.size(), 65536))});
+  const std::vector<int64_t> bucket_ends(edges.empty() ? edges.begin() : edges.begin() + 1, edges.end());
+  h5::write_dataset(f, "bucket", {bucket_ends.size()}, bucket_ends.data());
+  h5::write_strings(f, "book", names);
+  const std::vector<double> levels(Percentiles::kLevels.begin(), Percentiles::kLevels.end());
+  h5::write_dataset(f, "percentile", {levels.size()}, levels.data());
+  h5::make_dimension_scale(f, "position", "position");
+  h5::make_dimension_scale(f, "bucket", "bucket");
+  h5::make_dimension_scale(f, "book", "book");
+  h5::make_dimension_scale(f, "percentile", "percentile");
 }
 
 ResultsWriter::~ResultsWriter() = default;
@@ -257,6 +279,8 @@ void ResultsWriter::add_config(const ConfigAttributes& attrs, const std::vector<
     h5::RowWriter w(g, "kl", impl_->n_books, static_cast<hsize_t>(impl_->n));
     for (std::size_t b = 0; b < impl_->n_books; ++b) w.write_row(b, kl_row(b));
   }
+  h5::attach_dimension_scale(g, "kl", "book", 0);
+  h5::attach_dimension_scale(g, "kl", "position", 1);
   write_per_book(g, per_book, impl_->k);
   h5::Handle a = h5::create_group(g, "aggregate");
   write_aggregate(a, aggregate, impl_->k);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <hdf5_hl.h>
 
 #include "io/atomic_file.h"
 
@@ -435,6 +436,21 @@ REPLAYSSM_H5_INSTANTIATE(double)
 REPLAYSSM_H5_INSTANTIATE(int32_t)
 REPLAYSSM_H5_INSTANTIATE(int64_t)
 #undef REPLAYSSM_H5_INSTANTIATE
+
+void make_dimension_scale(hid_t loc, const std::string& name, const std::string& label) {
+  init();
+  const Handle d = open_dataset(loc, name);
+  check_status(H5DSset_scale(d, label.c_str()), loc, name, "cannot make a dimension scale of");
+}
+
+void attach_dimension_scale(hid_t loc, const std::string& name, const std::string& root_scale, unsigned dim) {
+  init();
+  const Handle d = open_dataset(loc, name);
+  const Handle file(check(H5Iget_file_id(loc), "H5Iget_file_id"), H5Fclose);
+  const Handle scale = open_dataset(file, root_scale);
+  check_status(H5DSattach_scale(d, scale, dim), loc, name,
+               fmt::format("cannot attach the scale /{} to dimension {} of", root_scale, dim));
+}
 
 void write_strings(hid_t loc, const std::string& name, const std::vector<std::string>& values) {
   init();

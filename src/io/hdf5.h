@@ -91,6 +91,12 @@ T read_scalar(hid_t loc, const std::string& name);
 void write_strings(hid_t loc, const std::string& name, const std::vector<std::string>& values);
 std::vector<std::string> read_strings(hid_t loc, const std::string& name);
 
+// HDF5 dimension scales (the high-level H5DS API), so that netCDF readers (h5netcdf, xarray) see
+// named dimensions and their coordinates: dataset `name` in loc becomes the scale `label`, and a
+// scale at the file's root (`root_scale`) is attached to dimension `dim` of a dataset.
+void make_dimension_scale(hid_t loc, const std::string& name, const std::string& label);
+void attach_dimension_scale(hid_t loc, const std::string& name, const std::string& root_scale, unsigned dim);
+
 // A chunked, compressed float32 dataset [rows, cols] written one row at a time.
 class RowWriter {
  public:

@@ -1,0 +1,49 @@
+"""Result files read as netCDF: the HDF5 dimension scales (/position, /bucket, /book, /percentile)
+give xarray named dimensions with their coordinates — `xarray.open_datatree(file, engine="h5netcdf")`,
+each configuration group inheriting the root's coordinates — and the values are those h5py reads."""
+import subprocess
+import warnings
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, replayssm_binary
+
+h5py = pytest.importorskip("h5py")
+xr = pytest.importorskip("xarray")
+pytest.importorskip("h5netcdf")
+
+MODEL = str(ROOT / "data" / "models" / "mamba2_tiny")
+
+
+def test_named_dimensions_and_coordinates(tmp_path, text_dir):
+    out = tmp_path / "r.h5"
+    r = subprocess.run([replayssm_binary(), "kl-sweep", MODEL, "--text-dir", str(text_dir), "--length", "200",
+                        "--policies", "shared:nvfp4+sr@4,split:nvfp4/fp32@4", "--progress", "off", "--out", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # h5netcdf's note about phony dimensions of the other datasets
+        tree = xr.open_datatree(out, engine="h5netcdf")
+    with h5py.File(out, "r") as f:
+        books = [b.decode() if isinstance(b, bytes) else b for b in f["books/name"][:]]
+        edges = f["bucket_edges"][:]
+        for name in f["config_order"][:]:
+            name = name.decode() if isinstance(name, bytes) else name
+            ds = tree[f"configs/{name}"].to_dataset()
+            kl = ds["kl"]
+            assert kl.dims == ("book", "position")
+            assert list(kl["book"].values) == books
+            np.testing.assert_array_equal(kl["position"].values, np.arange(200))
+            np.testing.assert_array_equal(kl.values, f["configs"][name]["kl"][:])
+            assert ds["bucket_mean"].dims == ("book", "bucket")
+            np.testing.assert_array_equal(ds["bucket_mean"]["bucket"].values, edges[1:])  # bucket = its upper length
+            assert ds["percentiles"].dims == ("book", "percentile")
+            np.testing.assert_array_equal(ds["percentiles"]["percentile"].values, [50, 90, 99, 100])
+            assert ds["mean_kl"].dims == ("book",)
+            agg = tree[f"configs/{name}/aggregate"].to_dataset()
+            assert agg["bucket_mean"].dims == ("bucket",)
+            np.testing.assert_array_equal(agg["bucket_mean"].values, f["configs"][name]["aggregate/bucket_mean"][:])
+            # selection by coordinate works: the last bucket's per-book means
+            last = ds["bucket_mean"].sel(bucket=edges[-1])
+            np.testing.assert_array_equal(last.values, f["configs"][name]["bucket_mean"][:, -1])
