@@ -28,7 +28,7 @@ PY=${PYTHON:-python3}
 # dependency, or is installed from another checkout.
 if ! "$PY" - >/dev/null 2>&1 <<'PYCHECK'
 import pathlib
-import h5py, ipykernel, matplotlib, ml_dtypes, nbconvert, nbformat, numpy, pytest, safetensors, tokenizers  # noqa: F401
+import h5netcdf, h5py, ipykernel, matplotlib, ml_dtypes, nbconvert, nbformat, numpy, pytest, safetensors, tokenizers, xarray  # noqa: F401
 import replayssm_py
 assert pathlib.Path(replayssm_py.__file__).resolve().parent == pathlib.Path("python/replayssm_py").resolve()
 PYCHECK
