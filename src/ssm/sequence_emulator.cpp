@@ -52,6 +52,29 @@ void validate(const HeadGroupSequence& in, const PrecisionPolicy& policy, const 
   check_policy_for_sequence("emulate_sequence", policy, in.n_tokens, in.dv, in.dk);
 }
 
+// Tasks 0..n-1, task g on worker g % threads (the calling thread alone when threads <= 1); the
+// first exception of a worker is rethrown after all have joined.
+void run_tasks(int n, int threads, const std::function<void(int)>& task) {
+  if (threads <= 1) {
+    for (int g = 0; g < n; ++g) task(g);
+    return;
+  }
+  std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
+  for (int i = 0; i < threads; ++i) {
+    pool.emplace_back([&, i] {
+      try {
+        for (int g = i; g < n; g += threads) task(g);
+      } catch (...) {
+        errors[static_cast<std::size_t>(i)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
 // One value head through the whole sequence.
 class HeadEmulator {
  public:
@@ -163,24 +186,7 @@ void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy
                                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads = std::min(threads, G);
   if (options.on_checkpoint || work < 1e6) threads = 1;
-  if (threads <= 1) {
-    for (int g = 0; g < G; ++g) run_head(g);
-    return;
-  }
-  std::vector<std::thread> pool;
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
-  for (int i = 0; i < threads; ++i) {
-    pool.emplace_back([&, i] {
-      try {
-        for (int g = i; g < G; g += threads) run_head(g);
-      } catch (...) {
-        errors[static_cast<std::size_t>(i)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  run_tasks(G, threads, run_head);
 }
 
 // ---- one whole layer ----------------------------------------------------------------------------
@@ -281,24 +287,7 @@ void emulate_layer_sequence(const LayerSequence& seq, const PrecisionPolicy& pol
   threads = std::min(threads, groups);
   const double work = static_cast<double>(n) * dk * dv * seq.n_value_heads;
   if (options.on_checkpoint || work < 1e6) threads = 1;
-  if (threads <= 1) {
-    for (int g = 0; g < groups; ++g) run_group(g);
-    return;
-  }
-  std::vector<std::thread> pool;
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
-  for (int i = 0; i < threads; ++i) {
-    pool.emplace_back([&, i] {
-      try {
-        for (int g = i; g < groups; g += threads) run_group(g);
-      } catch (...) {
-        errors[static_cast<std::size_t>(i)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  run_tasks(groups, threads, run_group);
 }
 
 }  // namespace replayssm::ssm
