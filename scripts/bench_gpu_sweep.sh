@@ -1,39 +1,42 @@
 #!/usr/bin/env bash
 # The GPU sweep benchmark of issue 10 on 4B-class shapes: random BF16 checkpoints with the shapes of
 # Qwen3.5-4B and Nemotron-3-Nano-4B (scripts/make_random_checkpoint.py), then per model
-#   1. `replayssm kl-sweep --device cuda` on one PG-19 book at --length N (default 131072): the
+#   1. scripts/bench_transformers.py: `replayssm logits --device cuda` validated against transformers'
+#      FP32 log-probs on the first --validate positions (at --compute fp32 and the sweep's compute),
+#      before anything is timed; then transformers' FP32 forward (sdpa attention, TF32 off, LM head
+#      and log-softmax in chunks) at --tf-length, halving on out-of-memory, timed after a warm-up;
+#   2. our forward at the length transformers reached (one sweep cell per compute precision, timed);
+#   3. `replayssm kl-sweep --device cuda` on one PG-19 book at --length N (default 131072): the
 #      reference + the configurations asked for, REPLAYSSM_GPU_TIMING=1 (the per-pass time split:
-#      GEMMs, attention, scans, KL, TFLOP/s), the result file and the log kept in OUT_DIR;
-#   2. transformers' FP32 forward of the same checkpoint (sdpa attention, TF32 off, LM head and
-#      log-softmax in chunks), at N, halving on out-of-memory, one timed forward after a warm-up.
+#      GEMMs, attention, scans, KL, TFLOP/s), the result file and the log kept in OUT_DIR.
 # Run on the GPU machine from the repository root after the pack is unpacked (scripts/gpu_pack.sh):
 #
 #   scripts/bench_gpu_sweep.sh TEXT_DIR OUT_DIR [--models qwen3.5-4b,nemotron-3-nano-4b] [--length N]
 #       [--configs K | --policies P1,P2] [--compute fp32|bf16x3|bf16] [--skip-sweep] [--skip-transformers]
 #       [--tf-length N] [--ckpt-dir DIR] [--deadline SECONDS] [--replayssm BIN] [--device cuda|cpu]
-#       [--tiny] [--layers K]
+#       [--validate N] [--tiny] [--layers K]
 #
-#   --configs K     the first K of the paper's configurations in the order below (a timing sample; the
-#                   time of a pass hardly depends on the policy); default: the whole default set of
-#                   `replayssm kl-sweep` (src/eval/policy_set.cpp default_policy_specs)
+#   --configs K     the first K of the paper's ten configurations in the order below (a timing sample:
+#                   the time of a pass hardly depends on the policy); default: all ten
 #   --deadline S    the whole run stops after S seconds (default 570, inside a 10-minute command): each
 #                   stage runs under `timeout` with what is left; a sweep cut short keeps its finished
 #                   cells (run the same command again to resume), a skipped stage is said so
+#   --validate N    positions of the validation against transformers (default 512; 0: none)
 #   --tiny, --layers K, --device cpu   testing on a machine without a GPU (tiny shapes, CPU engine)
 #
-# Output: OUT_DIR/<shape>.h5 (or <shape>_K<k>.h5), <shape>_sweep.log (with the timing lines),
-# <shape>_transformers.json and .log, checkpoint.log; a summary of every pass's time at the end.
+# Output: OUT_DIR/<shape>_K<k>[_<compute>].h5, <shape>_sweep[_<compute>].log (with the timing lines),
+# <shape>_transformers.json and .log (validation and timing), <shape>_at<n>_<compute>.log, checkpoint.log; a summary of every pass's time at the end.
 # Checkpoints go to --ckpt-dir (default /tmp/replayssm_bench) and are reused when already complete.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 repo=$PWD
 
-usage() { sed -n '2,29p' "$0"; exit 2; }
+usage() { sed -n '2,30p' "$0"; exit 2; }
 [[ $# -ge 2 ]] || usage
 text_dir=$1 out_dir=$2
 shift 2
 models=qwen3.5-4b,nemotron-3-nano-4b length=131072 configs="" policies="" compute=fp32 skip_sweep=0 skip_tf=0
-tf_length="" ckpt_dir=/tmp/replayssm_bench deadline=570 device=cuda tiny=0 layers="" bin=""
+tf_length="" validate=512 ckpt_dir=/tmp/replayssm_bench deadline=570 device=cuda tiny=0 layers="" bin=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --models) models=$2; shift 2 ;;
@@ -44,6 +47,7 @@ while [[ $# -gt 0 ]]; do
     --skip-sweep) skip_sweep=1; shift ;;
     --skip-transformers) skip_tf=1; shift ;;
     --tf-length) tf_length=$2; shift 2 ;;
+    --validate) validate=$2; shift 2 ;;
     --ckpt-dir) ckpt_dir=$2; shift 2 ;;
     --deadline) deadline=$2; shift 2 ;;
     --replayssm) bin=$2; shift 2 ;;
@@ -59,15 +63,19 @@ is_count "$length" || { echo "--length '$length': expected a positive integer" >
 is_count "$deadline" || { echo "--deadline '$deadline': expected a positive number of seconds" >&2; exit 2; }
 [[ -z $configs ]] || is_count "$configs" || { echo "--configs '$configs': expected a positive integer" >&2; exit 2; }
 [[ -z $tf_length ]] || is_count "$tf_length" || { echo "--tf-length '$tf_length': expected a positive integer" >&2; exit 2; }
+[[ $validate =~ ^[0-9]+$ ]] || { echo "--validate '$validate': expected a number of positions (0: none)" >&2; exit 2; }
 [[ -z $layers ]] || is_count "$layers" || { echo "--layers '$layers': expected a positive integer" >&2; exit 2; }
 [[ -n $configs && -n $policies ]] && { echo "--configs and --policies: give one of them" >&2; exit 2; }
 [[ -d $text_dir ]] || { echo "TEXT_DIR '$text_dir' is not a folder of .txt books" >&2; exit 2; }
 tf_length=${tf_length:-$length}
 
-# The paper's configurations (src/eval/policy_set.cpp default_policy_specs), the two most used by
-# the paper first, so that --configs 1 or 2 samples a shared and a split pass.
+# The paper's configurations (REPLAYSSM.md section 4; src/eval/policy_set.cpp default_policy_specs,
+# nine at L = 16) and, as the issue's tenth, shared NVFP4+SR at L = 64 (the long end of figure 13's
+# window sweep); the two most used by the paper first, so that --configs 1 or 2 samples a shared
+# and a split pass.
 paper_set=(shared:nvfp4+sr split:nvfp4+rtn/fp16+sr shared:fp16+sr shared:fp8b128+sr shared:fp16+rtn shared:fp8b128+rtn
-           shared:nvfp4+rtn split:nvfp4+rtn/fp32 split:nvfp4+rtn/fp8b128+sr)
+           shared:nvfp4+rtn split:nvfp4+rtn/fp32 split:nvfp4+rtn/fp8b128+sr shared:nvfp4+sr@64)
+[[ -z $configs && -z $policies ]] && configs=${#paper_set[@]}
 if [[ -n $configs ]]; then
   (( configs <= ${#paper_set[@]} )) || { echo "--configs $configs: the set has ${#paper_set[@]}" >&2; exit 2; }
   policies=$(IFS=,; echo "${paper_set[*]:0:$configs}")
@@ -107,9 +115,47 @@ for shape in "${model_list[@]}"; do
     say "$shape: checkpoint FAILED (see $out_dir/checkpoint.log)"; summary+=("$shape: no checkpoint"); continue
   fi
 
+  # 1. transformers: our GPU log-probs validated against its FP32 ones (before anything is timed),
+  #    then its own forward timed at the longest length it holds.
+  tf_n=""
+  if (( ! skip_tf )); then
+    tj=$out_dir/${tag}_transformers.json
+    computes=fp32
+    [[ $compute != fp32 ]] && computes=fp32,$compute
+    say "$shape: validation against transformers ($validate positions, --compute $computes), then its FP32 forward from $tf_length positions -> $tj"
+    within_deadline python3 scripts/bench_transformers.py --ckpt "$ckpt" --text-dir "$text_dir" --length "$tf_length" \
+      --out "$tj" --validate-positions "$validate" --computes "$computes" --replayssm "$bin" --device "$device" \
+      2>&1 | tee -a "$out_dir/${tag}_transformers.log"
+    rc=${PIPESTATUS[0]}
+    say "$shape: transformers step exit $rc$( (( rc == 1 )) && echo ' (VALIDATION FAILED: see the log)')"
+    if [[ -f $tj ]]; then
+      summary+=("$shape: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); v=', '.join(f\"{e['compute']} max |diff| {e.get('max_abs_logprob_diff', '-')}\" for e in r['validation']); print(f\"validation on {r['validation'][0].get('positions', '-') if r['validation'] else '-'} positions: {v or 'none'}; transformers {r.get('n_positions','-')} positions in {r.get('total_seconds','-')} s ({r.get('tokens_per_second','-')} tokens/s)\")" "$tj")")
+      tf_n=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('n_positions', ''))" "$tj")
+    fi
+  fi
+
+  # 2. our forward at transformers' length, same run: one sweep cell (reference + one configuration)
+  #    per compute precision, with the GPU time split; the result files are scratch.
+  if [[ -n $tf_n && $device == cuda ]]; then
+    for c in fp32 $([[ $compute != fp32 ]] && echo "$compute"); do
+      elog=$out_dir/${tag}_at${tf_n}_${c}.log
+      say "$shape: replayssm at transformers' length $tf_n, --compute $c (log $elog)"
+      REPLAYSSM_GPU_TIMING=1 within_deadline "$bin" kl-sweep "$ckpt" --text-dir "$text_dir" --books 1 --length "$tf_n" \
+        --policies shared:nvfp4+sr@16 --out "$out_dir/scratch_${tag}_${tf_n}_$c.h5" --force --device cuda --compute "$c" \
+        --progress off > "$elog" 2>&1
+      say "$shape: exit $?"
+      while IFS= read -r line; do summary+=("$shape at $tf_n, $c: ${line#kl-sweep: }"); done \
+        < <(grep -E '^kl-sweep: GPU timing' "$elog" | sed -E 's/ = GEMMs.*//')
+      rm -f "$out_dir/scratch_${tag}_${tf_n}_$c.h5"
+    done
+  fi
+
+  # 3. the sweep (last: the longest stage; a run cut by the deadline keeps its finished cells).
   if (( ! skip_sweep )); then
-    res=$out_dir/$tag${configs:+_K$configs}.h5
-    log=$out_dir/${tag}_sweep.log
+    suffix=""
+    [[ $compute != fp32 ]] && suffix=_$compute
+    res=$out_dir/$tag${configs:+_K$configs}$suffix.h5
+    log=$out_dir/${tag}_sweep$suffix.log
     args=(kl-sweep "$ckpt" --text-dir "$text_dir" --books 1 --length "$length" --windows 16 --out "$res"
           --device "$device" --progress lines)
     [[ $device == cuda ]] && args+=(--compute "$compute")
@@ -125,84 +171,6 @@ for shape in "${model_list[@]}"; do
     summary+=("$shape: kl-sweep exit $rc, $((SECONDS - t0)) s including the load")
     while IFS= read -r line; do summary+=("$shape: ${line#kl-sweep: }"); done \
       < <(grep -E '^kl-sweep: GPU timing|^results: ' "$log" | sed -E 's/ = GEMMs.*//')
-  fi
-
-  if (( ! skip_tf )); then
-    tj=$out_dir/${tag}_transformers.json
-    say "$shape: transformers FP32 forward from $tf_length positions (halving on out-of-memory) -> $tj"
-    within_deadline python3 - "$ckpt" "$text_dir" "$tf_length" "$tj" <<'PY' 2>&1 | tee -a "$out_dir/${tag}_transformers.log"
-# transformers' fastest FP32 forward of the checkpoint on the same book: sdpa attention, TF32 off;
-# the decoder's final hidden states, then LM head + log-softmax in chunks of 4096 positions (the full
-# N x vocab logits would not fit). One warm-up forward on 1024 positions, then one timed forward at
-# N; out of memory: N halved, down to 1024 (or N when shorter).
-import gc, json, pathlib, sys, time
-import torch, transformers
-ckpt, text_dir, n_first, out = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), pathlib.Path(sys.argv[4])
-dev = "cuda" if torch.cuda.is_available() else "cpu"
-torch.backends.cuda.matmul.allow_tf32 = False
-torch.backends.cudnn.allow_tf32 = False
-torch.set_float32_matmul_precision("highest")
-torch.set_grad_enabled(False)
-book = sorted(text_dir.glob("*.txt"))[0]
-# Byte-level ids of the same book's raw bytes (the sweep strips the Gutenberg header first: for a
-# timing the content does not matter).
-ids_all = torch.tensor(list(book.read_bytes()[:n_first]), dtype=torch.long)
-t0 = time.time()
-model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="sdpa").to(dev).eval()
-load_s = time.time() - t0
-head = model.get_output_embeddings()
-print(f"transformers {transformers.__version__}, torch {torch.__version__}: {type(model).__name__} loaded in "
-      f"{load_s:.1f} s on {dev} ({torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'})", flush=True)
-
-def sync():
-    if dev == "cuda":
-        torch.cuda.synchronize()
-
-def forward(n):
-    ids = ids_all[:n].to(dev)[None]
-    sync(); t = time.time()
-    h = model.model(input_ids=ids, use_cache=False).last_hidden_state[0]
-    sync(); t_body = time.time() - t
-    lse = torch.empty(n, dtype=torch.float64, device=dev)
-    for r in range(0, n, 4096):
-        lse[r:r + 4096] = torch.log_softmax(head(h[r:r + 4096]), dim=-1)[:, 0].double()
-    sync()
-    return t_body, time.time() - t, bool(torch.isfinite(lse).all())
-
-result = {"model_dir": ckpt, "book": book.name, "model_class": type(model).__name__, "device": dev,
-          "transformers_version": transformers.__version__, "torch_version": torch.__version__,
-          "attn_implementation": "sdpa", "tf32": False, "load_seconds": round(load_s, 1), "attempts": []}
-floor = min(1024, n_first)
-forward(floor)  # warm-up (cuBLAS handles, kernel selection)
-n = n_first
-while n >= floor:
-    print(f"transformers FP32 forward: trying {n} positions", flush=True)
-    try:
-        body, total, finite = forward(n)
-    except torch.OutOfMemoryError:
-        body = None
-    if body is None:  # outside the except block: the failed forward's tensors are released by now
-        result["attempts"].append({"n_positions": n, "outcome": "out of memory"})
-        out.write_text(json.dumps(result, indent=2) + "\n")  # partial results kept
-        print(f"transformers FP32 forward: {n} positions: out of memory; halving", flush=True)
-        gc.collect()
-        torch.cuda.empty_cache()
-        n //= 2
-        continue
-    result.update(n_positions=n, body_seconds=round(body, 3), total_seconds=round(total, 3),
-                  tokens_per_second=round(n / total, 1), finite=finite)
-    if dev == "cuda":
-        result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"transformers FP32 forward: {n} positions in {total:.2f} s ({n / total:.0f} tokens/s; decoder "
-          f"{body:.2f} s, LM head + log-softmax {total - body:.2f} s), finite {finite}", flush=True)
-    break
-if "n_positions" not in result:
-    print(f"transformers FP32 forward: out of memory down to {floor} positions", flush=True)
-PY
-    rc=${PIPESTATUS[0]}
-    say "$shape: transformers step exit $rc"
-    [[ -f $tj ]] && summary+=("$shape: transformers $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"{r.get('n_positions','-')} positions in {r.get('total_seconds','-')} s ({r.get('tokens_per_second','-')} tokens/s)\")" "$tj")")
   fi
 done
 
