@@ -372,7 +372,8 @@ std::string CausalLM::memory_description(const std::vector<int64_t>& lengths, in
 }
 
 Mat CausalLM::final_hidden(const std::vector<int64_t>& tokens, const PolicyAssignment& policy, int threads,
-                           const std::function<void(int, int, double)>& on_layer_done) const {
+                           const std::function<void(int, int, double)>& on_layer_done,
+                           const SequenceObserver* observe) const {
   if (!runnable_)
     throw std::logic_error(fmt::format("{}: model was opened with inspect() (no weights read); use load()", dir_));
   const int t = resolve_threads(threads);
@@ -407,7 +408,7 @@ Mat CausalLM::final_hidden(const std::vector<int64_t>& tokens, const PolicyAssig
   };
   for (int li = 0; li < static_cast<int>(layers_.size()); ++li) {
     const Layer& L = layers_[li];
-    const LayerContext ctx{li, &policy.for_layer(li), t};
+    const LayerContext ctx{li, &policy.for_layer(li), t, observe};
     const auto start = std::chrono::steady_clock::now();
     if (L.kind == LayerKind::mlp || L.kind == LayerKind::moe)
       chunked(L.norm, *L.mixer, ctx);

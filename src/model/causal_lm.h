@@ -123,9 +123,11 @@ class CausalLM {
   // Token ids outside [0, vocab) throw std::invalid_argument naming the position.
   void forward(const std::vector<int64_t>& tokens, const std::vector<PolicyAssignment>& variants,
                const ForwardOptions& options, const ChunkCallback& callback) const;
-  // Final-norm hidden states (N x hidden) of one variant: what the LM head reads.
+  // Final-norm hidden states (N x hidden) of one variant: what the LM head reads. `observe`, when
+  // given, sees every SSM head group's recurrence inputs (layers.h SequenceObserver).
   Mat final_hidden(const std::vector<int64_t>& tokens, const PolicyAssignment& policy, int threads = 0,
-                   const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done = {}) const;
+                   const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done = {},
+                   const SequenceObserver* observe = nullptr) const;
   // LM head (and log-softmax) over any rows of final hidden states: out is rows x vocab.
   void lm_head(const Eigen::Ref<const Mat>& hidden_rows, bool log_softmax, int threads, Mat& out) const;
   // Convenience for short sequences: the whole N x vocab matrix of log-probs (or logits).

@@ -92,9 +92,9 @@ void GatedDeltaNet::forward(const Mat& x, Mat& out, const LayerContext& ctx) con
       seq.v.push_back(v[j].data());
       outs.push_back(o[j].data());
     }
-    ssm::emulate_sequence(seq, *ctx.policy,
-                          ssm::HeadGroupId{static_cast<uint32_t>(ctx.layer_index), static_cast<uint32_t>(kh)}, outs,
-                          emu);
+    const ssm::HeadGroupId id{static_cast<uint32_t>(ctx.layer_index), static_cast<uint32_t>(kh)};
+    if (ctx.observe) (*ctx.observe)(seq, id);
+    ssm::emulate_sequence(seq, *ctx.policy, id, outs, emu);
     // Per-head gated RMSNorm, norm before gate: (o * rsqrt(mean o^2 + eps)) * w * silu(z).
     for (int j = 0; j < per_key; ++j) {
       const int h = kh * per_key + j;

@@ -134,9 +134,9 @@ void KdaMixer::forward(const Mat& x, Mat& out, const LayerContext& ctx) const {
     seq.alpha = {alpha.data()};
     seq.beta = {beta.data()};
     seq.v = {v.data()};
-    ssm::emulate_sequence(seq, *ctx.policy,
-                          ssm::HeadGroupId{static_cast<uint32_t>(ctx.layer_index), static_cast<uint32_t>(h)},
-                          {o.data()}, emu);
+    const ssm::HeadGroupId id{static_cast<uint32_t>(ctx.layer_index), static_cast<uint32_t>(h)};
+    if (ctx.observe) (*ctx.observe)(seq, id);
+    ssm::emulate_sequence(seq, *ctx.policy, id, {o.data()}, emu);
     // KimiLinearRMSNormGated: (o * rsqrt(mean o^2 + eps)) * w * sigmoid(gate), per head.
     for (int t = 0; t < n; ++t) {
       const float* ot = o.data() + static_cast<std::size_t>(t) * d;

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "model/safetensors.h"
 #include "model/tensor_ops.h"
 #include "ssm/precision_policy.h"
+#include "ssm/sequence_emulator.h"
 
 namespace replayssm::model {
 
@@ -92,10 +94,16 @@ class WeightLoader {
   int64_t stored_scratch_floats_ = 0;
 };
 
+// Shown every head group's recurrence inputs (decays, keys, values) by the SSM mixers just before
+// the emulator runs them, for diagnostics (model/decay_spectrum.h). Called from several worker
+// threads at once: the observer synchronises itself.
+using SequenceObserver = std::function<void(const ssm::HeadGroupSequence& seq, ssm::HeadGroupId id)>;
+
 struct LayerContext {
   int layer_index = 0;                           // block index in the model (SR stream id)
   const ssm::PrecisionPolicy* policy = nullptr;  // SSM layers: how the state is stored/decoded
   int threads = 1;
+  const SequenceObserver* observe = nullptr;     // optional
 };
 
 class Block {

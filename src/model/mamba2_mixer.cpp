@@ -75,9 +75,9 @@ void Mamba2Mixer::forward(const Mat& x, Mat& out, const LayerContext& ctx) const
       seq.v.push_back(v[j].data());
       outs.push_back(o[j].data());
     }
-    ssm::emulate_sequence(seq, *ctx.policy,
-                          ssm::HeadGroupId{static_cast<uint32_t>(ctx.layer_index), static_cast<uint32_t>(g)}, outs,
-                          emu);
+    const ssm::HeadGroupId id{static_cast<uint32_t>(ctx.layer_index), static_cast<uint32_t>(g)};
+    if (ctx.observe) (*ctx.observe)(seq, id);
+    ssm::emulate_sequence(seq, *ctx.policy, id, outs, emu);
     for (int j = 0; j < per_group; ++j) {
       const int h = g * per_group + j;
       for (int t = 0; t < n; ++t)
