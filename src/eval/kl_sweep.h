@@ -61,6 +61,7 @@
 #include "eval/policy_set.h"
 #include "eval/progress.h"
 #include "eval/sweep_engine.h"
+#include "eval/sweep_team.h"
 #include "model/teacher_forced_model.h"
 #include "ssm/precision_policy.h"
 
@@ -94,6 +95,9 @@ struct SweepOptions {
   std::ostream* log = nullptr;
   std::string progress = "auto";
   double progress_interval_s = 30.0;
+  // Several processes share the sweep (sweep_team.h, docs/MPI_SWEEP.md) when this is set and has
+  // more than one rank; null (or one rank): this process alone, as always.
+  SweepTeam* team = nullptr;
 };
 
 struct SweepOutcome {
@@ -104,7 +108,9 @@ struct SweepOutcome {
   std::vector<SummaryRow> rows;    // aggregate statistics per configuration, in order
 };
 
-// Runs (or resumes, or finds complete) the sweep and returns the summary. Throws
+// Runs (or resumes, or finds complete) the sweep and returns the summary. With a team, every rank
+// calls it with the same books and options: rank 0 takes the lock, decides the resume and writes
+// the result file (its outcome counts every rank's cells; the other ranks' outcomes have no rows). Throws
 // std::invalid_argument on bad options (N < 1, no configuration, short books, token ids outside
 // the vocabulary), std::runtime_error on refused outputs, model outputs of the wrong shape and
 // I/O errors. Finished cells survive any exception.
