@@ -275,6 +275,9 @@ TEST_CASE("plan_shards: one rank runs the serial order; two ranks balance the un
   CHECK(pair.receivers[0].empty());
   CHECK(pair.receivers[1].empty());
   CHECK(test::contains(test::error_of<std::invalid_argument>([&] { eval::plan_shards(none, 0); }), "0 ranks"));
+  // docs/MPI_SWEEP.md's table: 4 books x 20 configurations on 8 ranks, 84 unit tasks in 12 (ideal 11).
+  CHECK(eval::plan_shards(DoneMap(20, std::vector<uint8_t>(4, 0)), 8).makespan == 12);
+  CHECK(eval::plan_shards(DoneMap(20, std::vector<uint8_t>(16, 0)), 32).makespan == 12);
 }
 
 TEST_CASE("the CPU engine hands its reference over bit for bit") {
