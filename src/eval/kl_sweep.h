@@ -28,6 +28,13 @@
 // killed run (dead PID only) are removed by the next run that holds the lock. The code: the
 // cell store (cell_store.h: identity, resume, cells, merge) and run_kl_sweep below.
 //
+// Several processes (options.team, sweep_team.h; docs/MPI_SWEEP.md): rank 0 alone takes the lock,
+// applies the rules below, cleans up and merges; it hands the other ranks the map of finished
+// cells; every rank writes the cell files of the cells it computes into the same work directory,
+// each atomically as above, the moment the cell is done (DIR must be shared by the ranks' hosts).
+// So the files, the resume and the lock are the single process's, and a rank that dies loses only
+// its own unfinished cell.
+//
 // Resume rules (out = DIR/NAME):
 //   out exists, same identity          -> nothing to do ("already complete"), its summary is shown;
 //                                         found without the lock and without writing anything, so
