@@ -320,8 +320,8 @@ SweepOutcome run_kl_sweep(SweepEngine& engine, const std::vector<SweepBook>& boo
       int64_t references = 0;
       for (const auto& t : plan.tasks) references += t.kind == ShardTask::Kind::reference;
       note(fmt::format("kl-sweep: {} processes share the sweep: {} cells and {} book references (each computed "
-                       "once, by one rank, and sent to the ranks with cells of that book); {} task units on the "
-                       "busiest rank, {} in one process",
+                       "once, by one rank, and sent to the ranks with cells of that book); planned to take {} task "
+                       "units, {} in one process",
                        team->size(), plan.tasks.size() - static_cast<std::size_t>(references), references,
                        plan.makespan, plan.tasks.size()));
     }

@@ -212,7 +212,8 @@ class FailingModel final : public model::TeacherForcedModel {
 // Runs the sweep on R threads sharing one in-process team; returns rank 0's outcome. Rank
 // `failing` (if any) stops at its `fail_at`-th forward; the others then stop too.
 eval::SweepOutcome run_team(int R, const std::vector<eval::SweepBook>& books, const eval::SweepOptions& o,
-                            Shared& shared, int failing = -1, int fail_at = 0) {
+                            Shared& shared, int failing = -1, int fail_at = 0,
+                            const std::vector<eval::SweepBook>* books_of_last_rank = nullptr) {
   std::vector<eval::SweepOutcome> outcomes(static_cast<std::size_t>(R));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(R));
   std::vector<std::thread> threads;
@@ -223,7 +224,8 @@ eval::SweepOutcome run_team(int R, const std::vector<eval::SweepBook>& books, co
         ThreadTeam team(shared, r, R);
         eval::SweepOptions mine = o;
         mine.team = &team;
-        outcomes[static_cast<std::size_t>(r)] = eval::run_kl_sweep(model, books, mine);
+        outcomes[static_cast<std::size_t>(r)] =
+            eval::run_kl_sweep(model, r == R - 1 && books_of_last_rank ? *books_of_last_rank : books, mine);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
         std::lock_guard lock(shared.m);
@@ -349,6 +351,17 @@ TEST_CASE("a sweep shared by R threads writes the single-process result bit for 
   for (const auto& row : single.rows) {
     const std::string group = eval::config_group_name(row.policy);
     CHECK(kl_of(out, group) == kl_of(dir / "single.h5", group));
+  }
+  // A rank whose books differ (other files on its host) stops the run, saying what differs.
+  {
+    auto other = books;
+    other[1].tokens[5] ^= 1;
+    other[1].text_fnv1a64 = "0000000000000000";
+    Shared bad(2);
+    const std::string why = test::error_of<std::runtime_error>(
+        [&] { run_team(2, books, options(dir / "mismatch.h5", N), bad, 1, -1, &other); });
+    CHECK(test::contains(why, "rank 1: this process's sweep differs from rank 0's"));
+    CHECK(test::contains(why, "books: same names, different text or token ids"));
   }
   // Complete now: every rank finds it so, nothing runs.
   Shared again(2);
