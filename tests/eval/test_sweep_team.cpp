@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "eval/cell_store.h"
 #include "eval/kl_sweep.h"
 #include "eval/results_file.h"
 #include "eval/sweep_team.h"
@@ -366,5 +367,32 @@ TEST_CASE("a sweep shared by R threads writes the single-process result bit for 
   // Complete now: every rank finds it so, nothing runs.
   Shared again(2);
   CHECK(run_team(2, books, options(out, N), again).already_complete);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a rank that does not see rank 0's work directory, or gets a map of the wrong shape, stops") {
+  const fs::path dir = test::fresh_dir("sweep_team_attach");
+  TinySsmModel model({});
+  const auto books = make_books(2, 60, model.vocab_size(), 3);
+  const eval::SweepOptions o = options(dir / "r.h5", 50);
+  const nlohmann::json id = eval::sweep_identity(model, books, o);
+  std::ostream quiet(nullptr);
+  const std::vector<std::string> policies{"a", "b", "c"}, names{"book00", "book01"};
+  eval::CellStore worker((dir / "r.h5").string(), id, policies, names, 50, quiet);
+  const DoneMap none(3, std::vector<uint8_t>(2, 0));
+  // No .r.h5.parts here: as on a node whose disk is not rank 0's.
+  CHECK(test::contains(test::error_of<std::runtime_error>([&] { worker.attach(none); }),
+                       "every rank must see the output's folder on a shared filesystem"));
+  CHECK(test::contains(test::error_of<std::invalid_argument>([&] { worker.attach(DoneMap(2, {0, 0})); }),
+                       "not 3 x 2"));
+  // Rank 0's store opened: the worker attaches and takes the map.
+  eval::CellStore lead((dir / "r.h5").string(), id, policies, names, 50, quiet);
+  REQUIRE(!lead.open(false));
+  DoneMap some = none;
+  some[1][0] = 1;
+  worker.attach(some);
+  CHECK(worker.cells_done() == 1);
+  CHECK(worker.done(1, 0));
+  CHECK(!worker.done(0, 0));
   fs::remove_all(dir);
 }
