@@ -164,11 +164,12 @@ def test_two_ranks_write_the_single_process_file(mpi_ready, books, single, tmp_p
     assert again.returncode == 0 and "already complete" in again.stderr, again.stderr
 
 
-def test_a_killed_rank_loses_no_other_cell_and_the_rerun_completes(mpi_ready, books, single, tmp_path):
+@pytest.mark.parametrize("victim", [1, 0])  # rank 0 dies holding the lock
+def test_a_killed_rank_loses_no_other_cell_and_the_rerun_completes(mpi_ready, books, single, tmp_path, victim):
     out = tmp_path / "killed.h5"
     proc = start(2, books, out)
     before = wait_for_cells(out, proc)
-    os.kill(rank_pids(proc.pid)[1], signal.SIGKILL)
+    os.kill(rank_pids(proc.pid)[victim], signal.SIGKILL)
     proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert not out.exists()
