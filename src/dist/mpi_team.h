@@ -4,10 +4,10 @@
 //
 // Messages: rank 0 broadcasts the resume state once; a book's reference goes from the rank that
 // computed it to each rank with cells of that book by non-blocking sends (pieces of at most 2^28
-// floats, tag 2 + book), completed whenever the sender next talks to MPI (between chunks, while
-// it waits for a reference, at the end); progress counts (tag 0) go to rank 0 at most twice a
-// second; at the end every rank tells rank 0 its cell count (tag 1). Only the main thread calls
-// MPI (MPI_THREAD_FUNNELED): the model's worker threads never do.
+// floats, tag 2 + book), moved by MPI whenever the sender next calls it (between chunks, while
+// it waits for a reference, at the end; over TCP by Open MPI's progress thread); progress counts
+// (tag 0) go to rank 0 at most twice a second; at the end every rank tells rank 0 its cell count
+// (tag 1). Only the main thread calls MPI (MPI_THREAD_FUNNELED): the model's worker threads never do.
 #pragma once
 #include <cstdint>
 #include <deque>
