@@ -479,12 +479,12 @@ void note_unused_lists(const std::vector<ssm::PolicySpec>& specs, const KlSweepO
   }
   if (!o.windows.empty() && !windows_used)
     info << fmt::format("kl-sweep: note: windows {} are not used: no shared/split policy is written without "
-                             "'@L'\n",
-                             fmt::join(o.windows, ","));
+                        "'@L'\n",
+                        fmt::join(o.windows, ","));
   if (!o.seeds.empty() && !seeds_used)
     info << fmt::format("kl-sweep: note: seeds {} are not used: no policy with stochastic rounding is written "
-                             "without ',seed='\n",
-                             fmt::join(o.seeds, ","));
+                        "without ',seed='\n",
+                        fmt::join(o.seeds, ","));
 }
 
 // The processes sharing this sweep (docs/MPI_SWEEP.md): none (team null) for a plain run.
@@ -532,13 +532,13 @@ void run_sweep(const KlSweepOptions& o, const Processes& procs) {
   io::LoadedBooks loaded = io::load_books(to);
 
   info << fmt::format("kl-sweep: {} book{} from {} ({}), N = {} positions each\n", loaded.books.size(),
-                           loaded.books.size() == 1 ? "" : "s", o.text_dir, loaded.tokenization, o.length);
+                      loaded.books.size() == 1 ? "" : "s", o.text_dir, loaded.tokenization, o.length);
   for (const auto& b : loaded.books)
     info << fmt::format("  {:<12} {:>9} tokens{}\n", b.name, b.tokens.size(),
-                             b.header_found ? "" : "  (no Gutenberg header: taken whole)");
+                        b.header_found ? "" : "  (no Gutenberg header: taken whole)");
   for (const auto& s : loaded.skipped) info << "  skipped " << s << "\n";
   info << fmt::format("kl-sweep: reference {}; {} configuration{}:\n", o.reference, policies.size(),
-                           policies.size() == 1 ? "" : "s");
+                      policies.size() == 1 ? "" : "s");
   for (const auto& p : policies) info << "  " << p.to_string() << "\n";
   // Threads per rank: the cores of the node shared by its ranks (--threads 0).
   const int threads =
@@ -551,13 +551,13 @@ void run_sweep(const KlSweepOptions& o, const Processes& procs) {
                         o.threads > 0 ? " (--threads)" : " (the node's cores / its processes)");
   if (o.dry_run) {
     info << fmt::format("kl-sweep: --dry-run: stopping before loading the model {} (results would go to {})\n",
-                             o.model_dir, o.out);
+                        o.model_dir, o.out);
     return;
   }
 
   const std::unique_ptr<model::TeacherForcedModel> lm = model::load_teacher_forced_model(o.model_dir);
   info << fmt::format("kl-sweep: model {} ({}; vocabulary {}, hidden {})\n", o.model_dir, lm->description(),
-                           lm->vocab_size(), lm->hidden_size());
+                      lm->vocab_size(), lm->hidden_size());
 
   std::vector<eval::SweepBook> books;
   for (auto& b : loaded.books) {
