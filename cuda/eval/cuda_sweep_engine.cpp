@@ -129,6 +129,27 @@ class CudaEngine final : public eval::SweepEngine {
     }
   }
 
+  // The multi-process sweep's hand-over (eval::SweepEngine): the reference's final hidden states
+  // go through the host, bit for bit (a D2H copy of the buffer set_reference filled; an upload).
+  std::vector<float> reference_hidden() const override {
+    if (ref_hidden_.rows() == 0) throw std::logic_error("SweepEngine::reference_hidden before set_reference");
+    REPLAYSSM_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+    return to_host(ref_hidden_.view());
+  }
+
+  void set_reference_hidden(std::span<const int32_t> input, const ssm::PrecisionPolicy& policy,
+                            std::span<const float> hidden) override {
+    const auto N = static_cast<int64_t>(input.size());
+    eval::check_reference_hidden_size(hidden.size(), N, gpu_.hidden_size());
+    plan_memory(N);
+    input_.assign(input.begin(), input.end());
+    reference_ = policy;
+    ref_hidden_.resize(N, gpu_.hidden_size());
+    upload(hidden.data(), ref_hidden_.view(), gpu_.stream());
+    // The host span may be freed once this returns.
+    REPLAYSSM_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+  }
+
   eval::CompareTimes compare(const ssm::PrecisionPolicy& policy, std::span<const int32_t> targets, int chunk_rows,
                              const eval::CompareCallbacks& cb) override {
     const auto N = static_cast<int64_t>(input_.size());
@@ -255,6 +276,16 @@ class CudaEngine final : public eval::SweepEngine {
 };
 
 }  // namespace
+
+std::string bind_device_for_local_rank(int local_rank) {
+  if (local_rank < 0) throw std::invalid_argument(fmt::format("bind_device_for_local_rank: local rank {}", local_rank));
+  int count = 0;
+  REPLAYSSM_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (count < 1) throw std::runtime_error("bind_device_for_local_rank: no CUDA device");
+  const int device = local_rank % count;
+  REPLAYSSM_CUDA_CHECK(cudaSetDevice(device));
+  return fmt::format("GPU {} of {} (local rank {} % {})", device, count, local_rank, count);
+}
 
 std::unique_ptr<eval::SweepEngine> make_cuda_engine(model::TeacherForcedModel& model, GemmPrecision compute,
                                                     int chunk_rows, std::ostream& log) {

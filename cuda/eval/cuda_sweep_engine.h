@@ -17,6 +17,11 @@ std::string cuda_unavailable_reason();
 // "" when `model` can run on the GPU, else why not (no GPU twin of a layer yet; not a checkpoint).
 std::string cuda_engine_unsupported_reason(const model::TeacherForcedModel& model);
 
+// A multi-process sweep's rank on a node with several GPUs (docs/MPI_SWEEP.md): makes GPU
+// local_rank % device_count the current device (before make_cuda_engine) and says which, e.g.
+// "GPU 3 of 8 (local rank 11 % 8)". Throws std::runtime_error without a device.
+std::string bind_device_for_local_rank(int local_rank);
+
 // Uploads the model to the current device (cudaSetDevice before to pick another). The memory plan
 // of a book length (logit chunks of chunk_rows positions) is printed to `log` when first met, and
 // a book that does not fit is refused with the plan (std::runtime_error) before anything is

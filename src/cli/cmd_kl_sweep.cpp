@@ -9,6 +9,7 @@
 // "--length: ..." or "exp.toml:9:10: key 'length': ...".
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -18,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -30,6 +32,13 @@
 #include "eval/policy_set.h"
 #include "io/text_source.h"
 #include "model/teacher_forced_model.h"
+
+#if REPLAYSSM_WITH_MPI
+#include "dist/mpi_team.h"
+#endif
+#if REPLAYSSM_WITH_CUDA
+#include "eval/cuda_sweep_engine.h"
+#endif
 
 namespace replayssm::cli {
 namespace {
@@ -462,26 +471,56 @@ std::string command_line() {
 
 // Windows and seeds given but taken by no policy (each has its own '@L' / ',seed=', or none needs
 // one) are said so: the run is still what the policies ask for.
-void note_unused_lists(const std::vector<ssm::PolicySpec>& specs, const KlSweepOptions& o) {
+void note_unused_lists(const std::vector<ssm::PolicySpec>& specs, const KlSweepOptions& o, std::ostream& info) {
   bool windows_used = false, seeds_used = false;
   for (const auto& s : specs) {
     windows_used |= !s.window_given && s.policy.scheme != ssm::DecodeScheme::conventional;
     seeds_used |= !s.seed_given && eval::uses_stochastic_rounding(s.policy);
   }
   if (!o.windows.empty() && !windows_used)
-    std::cerr << fmt::format("kl-sweep: note: windows {} are not used: no shared/split policy is written without "
-                             "'@L'\n",
-                             fmt::join(o.windows, ","));
+    info << fmt::format("kl-sweep: note: windows {} are not used: no shared/split policy is written without "
+                        "'@L'\n",
+                        fmt::join(o.windows, ","));
   if (!o.seeds.empty() && !seeds_used)
-    std::cerr << fmt::format("kl-sweep: note: seeds {} are not used: no policy with stochastic rounding is written "
-                             "without ',seed='\n",
-                             fmt::join(o.seeds, ","));
+    info << fmt::format("kl-sweep: note: seeds {} are not used: no policy with stochastic rounding is written "
+                        "without ',seed='\n",
+                        fmt::join(o.seeds, ","));
 }
 
-void run_kl_sweep_command(const KlSweepOptions& o) {
+// The processes sharing this sweep (docs/MPI_SWEEP.md): none (team null) for a plain run.
+struct Processes {
+  eval::SweepTeam* team = nullptr;
+  int local_rank = 0, local_size = 1;  // on this node
+  std::string mpi;                     // the MPI library
+};
+
+// How many processes an MPI launcher started with this one, from the variables it sets before
+// MPI is initialised (so a plain run never touches MPI): Open MPI's mpirun, MPICH/Slurm PMI-2,
+// Slurm's srun with PMIx. 1: a plain run. (sbatch alone sets SLURM_NTASKS but no PMI variables:
+// a command run directly in a batch script is one process.)
+int launched_process_count() {
+  const auto number = [](const char* name) -> int {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return 0;
+    const std::optional<int64_t> n = parse_int64(v);
+    return n && *n > 0 && *n <= INT32_MAX ? static_cast<int>(*n) : 0;
+  };
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const int n = number(name)) return n;
+  if (std::getenv("PMIX_RANK") != nullptr)
+    if (const int n = number("SLURM_STEP_NUM_TASKS")) return n;
+  return 1;
+}
+
+void run_sweep(const KlSweepOptions& o, const Processes& procs) {
+  // Ranks other than 0 print only what concerns them, prefixed with their rank (their notes and
+  // errors); the run's description and the summary come from rank 0.
+  std::ostream null_stream(nullptr);
+  const bool lead = procs.team == nullptr || procs.team->rank() == 0;
+  std::ostream& info = lead ? std::cerr : null_stream;
   const std::vector<ssm::PolicySpec> specs = o.policies.empty() ? eval::default_policy_specs() : o.policies;
   const std::vector<ssm::PrecisionPolicy> policies = eval::expand_policies(specs, o.windows, o.seeds);
-  note_unused_lists(specs, o);
+  note_unused_lists(specs, o, info);
 
   io::TextSourceOptions to;
   to.text_dir = o.text_dir;
@@ -492,24 +531,33 @@ void run_kl_sweep_command(const KlSweepOptions& o) {
   to.short_books = o.short_books;
   io::LoadedBooks loaded = io::load_books(to);
 
-  std::cerr << fmt::format("kl-sweep: {} book{} from {} ({}), N = {} positions each\n", loaded.books.size(),
-                           loaded.books.size() == 1 ? "" : "s", o.text_dir, loaded.tokenization, o.length);
+  info << fmt::format("kl-sweep: {} book{} from {} ({}), N = {} positions each\n", loaded.books.size(),
+                      loaded.books.size() == 1 ? "" : "s", o.text_dir, loaded.tokenization, o.length);
   for (const auto& b : loaded.books)
-    std::cerr << fmt::format("  {:<12} {:>9} tokens{}\n", b.name, b.tokens.size(),
-                             b.header_found ? "" : "  (no Gutenberg header: taken whole)");
-  for (const auto& s : loaded.skipped) std::cerr << "  skipped " << s << "\n";
-  std::cerr << fmt::format("kl-sweep: reference {}; {} configuration{}:\n", o.reference, policies.size(),
-                           policies.size() == 1 ? "" : "s");
-  for (const auto& p : policies) std::cerr << "  " << p.to_string() << "\n";
+    info << fmt::format("  {:<12} {:>9} tokens{}\n", b.name, b.tokens.size(),
+                        b.header_found ? "" : "  (no Gutenberg header: taken whole)");
+  for (const auto& s : loaded.skipped) info << "  skipped " << s << "\n";
+  info << fmt::format("kl-sweep: reference {}; {} configuration{}:\n", o.reference, policies.size(),
+                      policies.size() == 1 ? "" : "s");
+  for (const auto& p : policies) info << "  " << p.to_string() << "\n";
+  // Threads per rank: the cores of the node shared by its ranks (--threads 0).
+  const int threads =
+      o.threads > 0 || procs.team == nullptr
+          ? o.threads
+          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, procs.local_size));
+  if (procs.team)
+    info << fmt::format("kl-sweep: {} processes ({}), {} on this node; KL threads per process: {}{}\n",
+                        procs.team->size(), procs.mpi, procs.local_size, threads,
+                        o.threads > 0 ? " (--threads)" : " (the node's cores / its processes)");
   if (o.dry_run) {
-    std::cerr << fmt::format("kl-sweep: --dry-run: stopping before loading the model {} (results would go to {})\n",
-                             o.model_dir, o.out);
+    info << fmt::format("kl-sweep: --dry-run: stopping before loading the model {} (results would go to {})\n",
+                        o.model_dir, o.out);
     return;
   }
 
   const std::unique_ptr<model::TeacherForcedModel> lm = model::load_teacher_forced_model(o.model_dir);
-  std::cerr << fmt::format("kl-sweep: model {} ({}; vocabulary {}, hidden {})\n", o.model_dir, lm->description(),
-                           lm->vocab_size(), lm->hidden_size());
+  info << fmt::format("kl-sweep: model {} ({}; vocabulary {}, hidden {})\n", o.model_dir, lm->description(),
+                      lm->vocab_size(), lm->hidden_size());
 
   std::vector<eval::SweepBook> books;
   for (auto& b : loaded.books) {
@@ -526,7 +574,7 @@ void run_kl_sweep_command(const KlSweepOptions& o) {
   so.policies = policies;
   so.reference = o.reference;
   so.chunk_rows = o.chunk;
-  so.threads = o.threads;
+  so.threads = threads;
   so.out_path = o.out;
   so.force = o.force;
   so.command_line = command_line();
@@ -537,12 +585,45 @@ void run_kl_sweep_command(const KlSweepOptions& o) {
   so.tokenization = loaded.tokenization;
   so.log = &std::cerr;
   so.progress = o.progress;
-  const std::unique_ptr<eval::SweepEngine> engine =
-      make_engine(*lm, o.engine, o.threads, o.chunk, std::cerr, "kl-sweep");
+  so.team = procs.team;
+#if REPLAYSSM_WITH_CUDA
+  // One GPU per rank: local rank % the node's GPUs, before the engine creates its context.
+  if (procs.team && o.engine.device != "cpu" && cuda::cuda_unavailable_reason().empty())
+    std::cerr << fmt::format("[rank {}] kl-sweep: {}\n", procs.team->rank(),
+                             cuda::bind_device_for_local_rank(procs.local_rank));
+#endif
+  const std::unique_ptr<eval::SweepEngine> engine = make_engine(*lm, o.engine, threads, o.chunk, info, "kl-sweep");
   const eval::SweepOutcome r = eval::run_kl_sweep(*engine, books, so);
+  if (!lead) return;
   std::cout << eval::format_summary_table(r.rows);
   std::cout << fmt::format("results: {} ({} cells: {} computed now, {} from an earlier run; {})\n", r.path,
                            r.cells_total, r.cells_run, r.cells_resumed, eval::human_duration(r.seconds));
+}
+
+void run_kl_sweep_command(const KlSweepOptions& o) {
+  const int launched = launched_process_count();
+#if REPLAYSSM_WITH_MPI
+  if (launched > 1) {
+    const std::unique_ptr<dist::MpiTeam> team = dist::MpiTeam::join();
+    const Processes procs{team->size() > 1 ? team.get() : nullptr, team->local_rank(), team->local_size(),
+                          team->library_version()};
+    try {
+      run_sweep(o, procs);
+    } catch (const std::exception& e) {
+      // A rank that fails ends the job: the others would wait for it forever. Finished cells are
+      // on disk; the same command resumes.
+      std::cerr << fmt::format("replayssm: error (rank {} of {}): {}\n", team->rank(), team->size(), e.what());
+      team->abort(2);
+    }
+    return;
+  }
+#else
+  if (launched > 1)
+    refuse(fmt::format("kl-sweep: started as one of {} processes (mpirun, srun), but this build has no MPI support: "
+                       "install MPI and configure with -DREPLAYSSM_MPI=ON (docs/MPI_SWEEP.md), or run one process",
+                       launched));
+#endif
+  run_sweep(o, Processes{});
 }
 
 }  // namespace

@@ -239,6 +239,28 @@ std::optional<ResultsSummary> CellStore::open(bool force) {
   return std::nullopt;
 }
 
+void CellStore::attach(std::vector<std::vector<uint8_t>> done) {
+  if (done.size() != policies_.size() ||
+      std::any_of(done.begin(), done.end(), [&](const auto& row) { return row.size() != books_.size(); }))
+    throw std::invalid_argument(fmt::format("CellStore::attach: a map of finished cells that is not {} x {}",
+                                            policies_.size(), books_.size()));
+  nlohmann::json id;
+  try {
+    id = nlohmann::json::parse(io::read_file((work_ / "sweep.json").string()));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format(
+        "{} is not readable here ({}), though rank 0 created it: every rank must see the output's folder on a "
+        "shared filesystem (--out on a cluster filesystem, not a node-local disk)",
+        (work_ / "sweep.json").string(), e.what()));
+  }
+  if (id != identity_)
+    throw std::runtime_error(fmt::format("{} holds another sweep than this rank's ({})", (work_ / "sweep.json").string(),
+                                         describe_identity_difference(id, identity_)));
+  done_ = std::move(done);
+  cells_done_ = 0;
+  for (const auto& row : done_) cells_done_ += std::count_if(row.begin(), row.end(), [](uint8_t d) { return d != 0; });
+}
+
 CellRecord CellStore::read_matching(std::size_t c, std::size_t b) const {
   const std::string p = cell_path(c, b).string();
   CellRecord r = read_cell(p);

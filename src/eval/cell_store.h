@@ -45,6 +45,14 @@ class CellStore {
   // returns nullopt. Throws std::runtime_error on refusals, saying what differs.
   std::optional<ResultsSummary> open(bool force);
 
+  // A sharded sweep (sweep_team.h): rank 0 open()s the store and hands the other ranks its map of
+  // finished cells (done_map()[config][book] != 0); each of them attach()es: no lock and no
+  // clean-up (rank 0 holds the lock for all), but a check that the work directory is there with
+  // this sweep's identity, i.e. that this rank sees rank 0's filesystem (std::runtime_error
+  // otherwise). Every rank then write()s the cells it computes.
+  const std::vector<std::vector<uint8_t>>& done_map() const { return done_; }
+  void attach(std::vector<std::vector<uint8_t>> done);
+
   bool done(std::size_t config, std::size_t book) const;
   int64_t cells_done() const;
   // Stores a finished cell; fills in its identity fields (sweep id, policy, book, indices).

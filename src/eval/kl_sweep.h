@@ -28,6 +28,13 @@
 // killed run (dead PID only) are removed by the next run that holds the lock. The code: the
 // cell store (cell_store.h: identity, resume, cells, merge) and run_kl_sweep below.
 //
+// Several processes (options.team, sweep_team.h; docs/MPI_SWEEP.md): rank 0 alone takes the lock,
+// applies the rules below, cleans up and merges; it hands the other ranks the map of finished
+// cells; every rank writes the cell files of the cells it computes into the same work directory,
+// each atomically as above, the moment the cell is done (DIR must be shared by the ranks' hosts).
+// So the files, the resume and the lock are the single process's, and a rank that dies loses only
+// its own unfinished cell.
+//
 // Resume rules (out = DIR/NAME):
 //   out exists, same identity          -> nothing to do ("already complete"), its summary is shown;
 //                                         found without the lock and without writing anything, so
@@ -61,6 +68,7 @@
 #include "eval/policy_set.h"
 #include "eval/progress.h"
 #include "eval/sweep_engine.h"
+#include "eval/sweep_team.h"
 #include "model/teacher_forced_model.h"
 #include "ssm/precision_policy.h"
 
@@ -94,6 +102,9 @@ struct SweepOptions {
   std::ostream* log = nullptr;
   std::string progress = "auto";
   double progress_interval_s = 30.0;
+  // Several processes share the sweep (sweep_team.h, docs/MPI_SWEEP.md) when this is set and has
+  // more than one rank; null (or one rank): this process alone, as always.
+  SweepTeam* team = nullptr;
 };
 
 struct SweepOutcome {
@@ -104,7 +115,9 @@ struct SweepOutcome {
   std::vector<SummaryRow> rows;    // aggregate statistics per configuration, in order
 };
 
-// Runs (or resumes, or finds complete) the sweep and returns the summary. Throws
+// Runs (or resumes, or finds complete) the sweep and returns the summary. With a team, every rank
+// calls it with the same books and options: rank 0 takes the lock, decides the resume and writes
+// the result file (its outcome counts every rank's cells; the other ranks' outcomes have no rows). Throws
 // std::invalid_argument on bad options (N < 1, no configuration, short books, token ids outside
 // the vocabulary), std::runtime_error on refused outputs, model outputs of the wrong shape and
 // I/O errors. Finished cells survive any exception.

@@ -38,6 +38,20 @@ class CpuEngine final : public SweepEngine {
     ref_hidden_ = checked_hidden(model_, input, policy);
   }
 
+  std::vector<float> reference_hidden() const override {
+    if (ref_hidden_.rows() == 0) throw std::logic_error("SweepEngine::reference_hidden before set_reference");
+    return std::vector<float>(ref_hidden_.data(), ref_hidden_.data() + ref_hidden_.size());
+  }
+
+  void set_reference_hidden(std::span<const int32_t> input, const ssm::PrecisionPolicy&,
+                            std::span<const float> hidden) override {
+    const auto N = static_cast<Eigen::Index>(input.size());
+    const Eigen::Index d = model_.hidden_size();
+    check_reference_hidden_size(hidden.size(), N, d);
+    input_.assign(input.begin(), input.end());
+    ref_hidden_ = Eigen::Map<const RowMatrixXf>(hidden.data(), N, d);
+  }
+
   CompareTimes compare(const ssm::PrecisionPolicy& policy, std::span<const int32_t> targets, int chunk_rows,
                        const CompareCallbacks& cb) override {
     if (ref_hidden_.rows() == 0 && !input_.empty())
@@ -75,6 +89,20 @@ class CpuEngine final : public SweepEngine {
 };
 
 }  // namespace
+
+void check_reference_hidden_size(std::size_t floats, int64_t positions, int64_t hidden_size) {
+  if (static_cast<int64_t>(floats) != positions * hidden_size)
+    throw std::invalid_argument(fmt::format("set_reference_hidden: {} floats for {} positions x hidden size {} (= {})",
+                                            floats, positions, hidden_size, positions * hidden_size));
+}
+
+std::vector<float> SweepEngine::reference_hidden() const {
+  throw std::logic_error(fmt::format("the {} engine cannot hand its reference to another process", device()));
+}
+
+void SweepEngine::set_reference_hidden(std::span<const int32_t>, const ssm::PrecisionPolicy&, std::span<const float>) {
+  throw std::logic_error(fmt::format("the {} engine cannot take a reference computed by another process", device()));
+}
 
 CompareTimes SweepEngine::compare_compute_noise_floor(std::span<const int32_t>, int, const CompareCallbacks&) {
   throw std::logic_error(fmt::format("compare_compute_noise_floor: the {} engine computes in {}: no noise floor", device(),

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "eval/kl_metrics.h"
 #include "model/teacher_forced_model.h"
@@ -41,6 +42,15 @@ class SweepEngine {
   virtual std::string compute() const = 0;
   // Runs `policy` (the reference) over `input` and keeps what compare() needs of it.
   virtual void set_reference(std::span<const int32_t> input, const ssm::PrecisionPolicy& policy) = 0;
+  // A multi-process sweep (docs/MPI_SWEEP.md) computes a book's reference once and hands it to the
+  // other ranks: reference_hidden() is the last set_reference's final hidden states (N x
+  // hidden_size floats, row-major) on the host; set_reference_hidden() makes an engine of the same
+  // model and compute take them as its reference for `input` under `policy`, exactly as if its own
+  // set_reference had computed them (the bits are the reference's: per-position KL is unchanged).
+  // The defaults throw std::logic_error (an engine that cannot share its reference).
+  virtual std::vector<float> reference_hidden() const;
+  virtual void set_reference_hidden(std::span<const int32_t> input, const ssm::PrecisionPolicy& policy,
+                                    std::span<const float> hidden);
   // Runs `policy` over the reference's input and compares both next-token distributions at every
   // position (targets[i]: the true next token of position i), chunk_rows positions at a time.
   // Throws std::logic_error without a reference, std::runtime_error on model outputs of the wrong shape.
@@ -53,6 +63,9 @@ class SweepEngine {
   virtual CompareTimes compare_compute_noise_floor(std::span<const int32_t> targets, int chunk_rows,
                                                    const CompareCallbacks& callbacks);
 };
+
+// set_reference_hidden's check: `floats` must be positions x hidden_size (std::invalid_argument).
+void check_reference_hidden_size(std::size_t floats, int64_t positions, int64_t hidden_size);
 
 // The result-file name of the compute noise floor's configuration ("noise-floor:bf16-vs-fp32"):
 // stored beside the configurations, its per-position KL is KL(p_fp32 compute || p_COMPUTE).
