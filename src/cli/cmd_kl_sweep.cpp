@@ -77,7 +77,7 @@ const std::vector<Setting>& settings() {
       {"force", nullptr, "replace an existing result file or discard a different sweep's partial results"},
       {"reference", "POLICY", "reference policy (default conv:fp32)"},
       {"chunk", "N", "positions per log-probability chunk, 1 to 2^20; memory chunk x vocab floats x 2 (default 1024)"},
-      {"threads", "N", "KL worker threads, 0 to 1024 (default 0: all cores)"},
+      {"threads", "N", "worker threads of the CPU forward and the KL, 0 to 1024 (default 0: all cores; under mpirun: the node's cores / its processes)"},
       {"device", "DEVICE", kDeviceHelp},
       {"compute", "PRECISION", kComputeHelp},
       {"progress", "MODE", "auto | bar | lines | off (default auto)"},
@@ -546,7 +546,7 @@ void run_sweep(const KlSweepOptions& o, const Processes& procs) {
           ? o.threads
           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, procs.local_size));
   if (procs.team)
-    info << fmt::format("kl-sweep: {} processes ({}), {} on this node; KL threads per process: {}{}\n",
+    info << fmt::format("kl-sweep: {} processes ({}), {} on this node; worker threads per process: {}{}\n",
                         procs.team->size(), procs.mpi, procs.local_size, threads,
                         o.threads > 0 ? " (--threads)" : " (the node's cores / its processes)");
   if (o.dry_run) {
@@ -555,7 +555,7 @@ void run_sweep(const KlSweepOptions& o, const Processes& procs) {
     return;
   }
 
-  const std::unique_ptr<model::TeacherForcedModel> lm = model::load_teacher_forced_model(o.model_dir);
+  const std::unique_ptr<model::TeacherForcedModel> lm = model::load_teacher_forced_model(o.model_dir, threads);
   info << fmt::format("kl-sweep: model {} ({}; vocabulary {}, hidden {})\n", o.model_dir, lm->description(),
                       lm->vocab_size(), lm->hidden_size());
 

@@ -61,7 +61,7 @@ void hash_file(WordHash& h, const std::filesystem::path& p) {
 
 class CausalLMTeacherForced final : public TeacherForcedModel {
  public:
-  explicit CausalLMTeacherForced(CausalLM lm) : lm_(std::move(lm)) {}
+  CausalLMTeacherForced(CausalLM lm, int threads) : lm_(std::move(lm)), threads_(threads) {}
   int vocab_size() const override { return lm_.vocab_size(); }
   int hidden_size() const override { return lm_.config().hidden_size; }
   std::string description() const override {
@@ -97,24 +97,26 @@ class CausalLMTeacherForced final : public TeacherForcedModel {
   }
   RowMatrixXf final_hidden(std::span<const int32_t> tokens, const ssm::PrecisionPolicy& policy) override {
     const std::vector<int64_t> ids(tokens.begin(), tokens.end());
-    return lm_.final_hidden(ids, PolicyAssignment(policy), 0);
+    return lm_.final_hidden(ids, PolicyAssignment(policy), threads_);
   }
   RowMatrixXf log_probs(const Eigen::Ref<const RowMatrixXf>& hidden_rows) override {
     Mat out;
-    lm_.lm_head(hidden_rows, true, 0, out);
+    lm_.lm_head(hidden_rows, true, threads_, out);
     return out;
   }
   const CausalLM* causal_lm() const override { return &lm_; }
 
  private:
   CausalLM lm_;
+  int threads_;  // 0: all hardware threads
   mutable std::string hash_;
 };
 
 }  // namespace
 
-std::unique_ptr<TeacherForcedModel> load_teacher_forced_model(const std::string& dir) {
-  return std::make_unique<CausalLMTeacherForced>(CausalLM::load(dir));
+std::unique_ptr<TeacherForcedModel> load_teacher_forced_model(const std::string& dir, int threads) {
+  if (threads < 0) throw std::invalid_argument(fmt::format("{}: forward threads {} must be >= 0", dir, threads));
+  return std::make_unique<CausalLMTeacherForced>(CausalLM::load(dir), threads);
 }
 
 }  // namespace replayssm::model

@@ -38,10 +38,11 @@ class TeacherForcedModel {
 };
 
 // Loads the checkpoint in `dir` (config.json + safetensors) as a TeacherForcedModel: final_hidden
-// runs every SSM layer under the given policy on all hardware threads; log_probs is the LM head +
+// runs every SSM layer under the given policy on `threads` worker threads (0: all hardware threads;
+// the results do not depend on the count, tensor_ops.h); log_probs is the LM head +
 // log-softmax of any hidden rows; content_hash is 16 hex digits over config.json and the weight
 // files (computed on first use); description: model_type, pattern, SSM head shapes, parameters.
 // Throws std::runtime_error naming the directory and what is missing or unsupported.
-std::unique_ptr<TeacherForcedModel> load_teacher_forced_model(const std::string& dir);
+std::unique_ptr<TeacherForcedModel> load_teacher_forced_model(const std::string& dir, int threads = 0);
 
 }  // namespace replayssm::model
