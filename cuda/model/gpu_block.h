@@ -7,9 +7,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "device_memory.h"
 #include "ssm/precision_policy.h"
+#include "ssm/sequence_emulator.h"
 
 namespace replayssm::cuda {
 
@@ -21,12 +23,19 @@ namespace replayssm::cuda {
 //           the regime serving engines run in (`--compute bf16`).
 enum class GemmPrecision : uint8_t { fp32, bf16x3, bf16 };
 
+// Shown every SSM layer's recurrence inputs (device pointers, ssm::LayerSequence layout) by the GPU
+// SSM blocks just before the scan is launched on `stream`, for diagnostics: the twin of the CPU
+// mixers' model::SequenceObserver. The inputs are complete once `stream` has reached this point.
+using GpuSequenceObserver = std::function<void(const ssm::LayerSequence& device_seq, const ssm::PrecisionPolicy& policy,
+                                               uint32_t layer, cudaStream_t stream)>;
+
 struct GpuContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;  // bound to `stream`
   GemmPrecision gemm = GemmPrecision::fp32;
   int layer_index = 0;                           // block index in the model (SR stream id)
   const ssm::PrecisionPolicy* policy = nullptr;  // SSM layers: how the state is stored/decoded
+  const GpuSequenceObserver* observe = nullptr;  // optional
 };
 
 class GpuBlock {

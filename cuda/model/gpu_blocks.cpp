@@ -119,6 +119,7 @@ void GpuMamba2Mixer::forward(ConstDeviceMatrix x, DeviceMatrix out, const GpuCon
   seq.ld_v = inter;
   seq.out = y.data;
   seq.ld_out = inter;
+  if (ctx.observe) (*ctx.observe)(seq, *ctx.policy, static_cast<uint32_t>(ctx.layer_index), ctx.stream);
   emulate_layer_sequence_gpu(seq, *ctx.policy, static_cast<uint32_t>(ctx.layer_index), ctx.stream);
 
   mamba2_skip_gpu(y, xbc.columns(0, inter), d_, y, ctx.stream);
@@ -189,6 +190,7 @@ void GpuGatedDeltaNet::forward(ConstDeviceMatrix x, DeviceMatrix out, const GpuC
   seq.ld_beta = b.ld;
   seq.out = y.data;
   seq.ld_out = value_dim;
+  if (ctx.observe) (*ctx.observe)(seq, *ctx.policy, static_cast<uint32_t>(ctx.layer_index), ctx.stream);
   emulate_layer_sequence_gpu(seq, *ctx.policy, static_cast<uint32_t>(ctx.layer_index), ctx.stream);
 
   head_norm_gate_gpu(y, proj.columns(conv_dim, value_dim), norm_w_, static_cast<float>(s_.norm_eps), y, ctx.stream);

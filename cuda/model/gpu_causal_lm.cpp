@@ -257,7 +257,7 @@ GpuMemoryPlan GpuCausalLM::memory_plan(int64_t n) const {
 void GpuCausalLM::final_hidden(std::span<const int32_t> tokens, const model::PolicyAssignment& policy,
                                DeviceMatrix out,
                                const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done,
-                               std::optional<GemmPrecision> gemm) const {
+                               std::optional<GemmPrecision> gemm, const GpuSequenceObserver* observe) const {
   const Impl& m = *impl_;
   const int64_t n = static_cast<int64_t>(tokens.size()), d = m.config.hidden_size;
   if (out.rows != n || out.cols != d || out.ld < d)
@@ -298,7 +298,7 @@ void GpuCausalLM::final_hidden(std::span<const int32_t> tokens, const model::Pol
   const float eps = static_cast<float>(m.config.norm_eps);
   const bool plus_one = m.config.norm_plus_one;
   const int group = static_cast<int>(d);
-  GpuContext ctx{m.stream, m.cublas, gemm.value_or(m.gemm), 0, nullptr};
+  GpuContext ctx{m.stream, m.cublas, gemm.value_or(m.gemm), 0, nullptr, observe};
   auto whole = [&](const DeviceBuffer<float>& norm, const GpuBlock& block) {
     rms_norm_rows_gpu(h, xn, norm, eps, plus_one, group, m.stream);
     block.forward(xn, y, ctx);

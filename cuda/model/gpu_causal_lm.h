@@ -72,9 +72,11 @@ class GpuCausalLM {
   // std::invalid_argument naming the position. on_layer_done as for CausalLM::final_hidden.
   // `gemm` overrides the model's GEMM precision for this call (the --compute noise floor runs the
   // reference at FP32 compute on a model built for BF16; every weight keeps its FP32 copy).
+  // `observe`, when given, sees every SSM layer's scan inputs (gpu_block.h GpuSequenceObserver).
   void final_hidden(std::span<const int32_t> tokens, const model::PolicyAssignment& policy, DeviceMatrix out,
                     const std::function<void(int layer, int n_layers, double seconds)>& on_layer_done = {},
-                    std::optional<GemmPrecision> gemm = std::nullopt) const;
+                    std::optional<GemmPrecision> gemm = std::nullopt,
+                    const GpuSequenceObserver* observe = nullptr) const;
   // Times every following final_hidden (CUDA events; final_hidden then waits for its work before
   // returning) and keeps the split for last_timing(); off by default.
   void set_timing(bool on);

@@ -139,6 +139,7 @@ void GpuKdaMixer::forward(ConstDeviceMatrix x, DeviceMatrix out, const GpuContex
   seq.ld_beta = beta.ld;
   seq.out = y.data;
   seq.ld_out = qkv;
+  if (ctx.observe) (*ctx.observe)(seq, *ctx.policy, static_cast<uint32_t>(ctx.layer_index), ctx.stream);
   emulate_layer_sequence_gpu(seq, *ctx.policy, static_cast<uint32_t>(ctx.layer_index), ctx.stream);
 
   kda_head_norm_gate_gpu(y, gate, norm_w_, static_cast<float>(s_.norm_eps), y, ctx.stream);
