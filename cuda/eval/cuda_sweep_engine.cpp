@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string_view>
@@ -162,33 +163,9 @@ class CudaEngine final : public eval::SweepEngine {
     gpu_.final_hidden(input_, model::PolicyAssignment(policy), cfg_hidden_.view());
     REPLAYSSM_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
     const double t1 = now_s();
-    if (cb.on_phase) cb.on_phase("KL");
-    // Timing: the LM-head products through a GemmTally, the whole KL phase as one interval.
-    GemmTally tally;
-    std::optional<ScopedGemmTally> tally_scope;
-    int kl_id = -1;
-    if (timing_) {
-      if (!kl_intervals_) kl_intervals_ = std::make_unique<GpuIntervals>(2);
-      kl_intervals_->clear();
-      tally.intervals = kl_intervals_.get();
-      tally.category = 1;
-      tally_scope.emplace(&tally);
-      kl_id = kl_intervals_->begin(0, gpu_.stream());
-    }
-    compare_hidden(ref_hidden_, std::nullopt, cfg_hidden_, std::nullopt, targets, chunk_rows, cb);
+    timed_kl_phase(policy.to_string(), compute_precision_, t0, t1, cb,
+                   [&] { compare_hidden(ref_hidden_, std::nullopt, cfg_hidden_, std::nullopt, targets, chunk_rows, cb); });
     const double t2 = now_s();
-    if (timing_) {
-      kl_intervals_->end(kl_id, gpu_.stream());
-      const std::vector<double> t = kl_intervals_->collect();
-      const double kl = t[0], head = t[1], wall = t2 - t0;
-      log_ << fmt::format(
-          "kl-sweep: GPU timing, {}: {} positions in {:.2f} s wall ({:.0f} tokens/s; forward {:.2f} s, KL {:.2f} s); "
-          "{}; KL {:.2f} s = LM head {:.2f} s (both distributions, {:.1f} TFLOP, {}) + log-softmax, KL and "
-          "results {:.2f} s\n",
-          policy.to_string(), N, wall, static_cast<double>(N) / wall, t1 - t0, t2 - t1,
-          forward_split(gpu_.last_timing(), compute_precision_), kl, head, tally.flops / 1e12,
-          rate(compute_precision_ == GemmPrecision::fp32 ? tally.flops : tally.tensor_flops, head), kl - head);
-    }
     return {t1 - t0, t2 - t1};
   }
 
@@ -206,13 +183,46 @@ class CudaEngine final : public eval::SweepEngine {
     gpu_.final_hidden(input_, model::PolicyAssignment(reference_), cfg_hidden_.view(), {}, GemmPrecision::fp32);
     REPLAYSSM_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
     const double t1 = now_s();
-    if (cb.on_phase) cb.on_phase("KL");
     // p: the reference at FP32 compute (its LM head in FP32 too); q: the reference at this compute.
-    compare_hidden(cfg_hidden_, GemmPrecision::fp32, ref_hidden_, std::nullopt, targets, chunk_rows, cb);
+    timed_kl_phase(eval::compute_noise_floor_name(compute_), GemmPrecision::fp32, t0, t1, cb, [&] {
+      compare_hidden(cfg_hidden_, GemmPrecision::fp32, ref_hidden_, std::nullopt, targets, chunk_rows, cb);
+    });
     return {t1 - t0, now_s() - t1};
   }
 
  private:
+  // The KL phase of a pass that began at t0 and whose forward (at `forward_precision`) ended at t1:
+  // `kl` runs it; with timing on, its LM-head products are tallied and the pass's timing line logged.
+  void timed_kl_phase(const std::string& name, GemmPrecision forward_precision, double t0, double t1,
+                      const eval::CompareCallbacks& cb, const std::function<void()>& kl) {
+    if (cb.on_phase) cb.on_phase("KL");
+    GemmTally tally;
+    std::optional<ScopedGemmTally> tally_scope;
+    int kl_id = -1;
+    if (timing_) {
+      if (!kl_intervals_) kl_intervals_ = std::make_unique<GpuIntervals>(2);
+      kl_intervals_->clear();
+      tally.intervals = kl_intervals_.get();
+      tally.category = 1;
+      tally_scope.emplace(&tally);
+      kl_id = kl_intervals_->begin(0, gpu_.stream());
+    }
+    kl();
+    const double t2 = now_s();
+    if (!timing_) return;
+    kl_intervals_->end(kl_id, gpu_.stream());
+    const std::vector<double> t = kl_intervals_->collect();
+    const double kl_s = t[0], head = t[1], wall = t2 - t0;
+    const auto N = static_cast<int64_t>(input_.size());
+    log_ << fmt::format(
+        "kl-sweep: GPU timing, {}: {} positions in {:.2f} s wall ({:.0f} tokens/s; forward {:.2f} s, KL {:.2f} s); "
+        "{}; KL {:.2f} s = LM head {:.2f} s (both distributions, {:.1f} TFLOP, {}) + log-softmax, KL and "
+        "results {:.2f} s\n",
+        name, N, wall, static_cast<double>(N) / wall, t1 - t0, t2 - t1, forward_split(gpu_.last_timing(), forward_precision),
+        kl_s, head, tally.flops / 1e12,
+        rate(compute_precision_ == GemmPrecision::fp32 ? tally.flops : tally.tensor_flops, head), kl_s - head);
+  }
+
   // Both distributions' logits chunk by chunk (the LM head at p_gemm / q_gemm; unset: the model's
   // own precision) and their comparison on the GPU; the results to cb.on_results.
   void compare_hidden(const DeviceMatrixBuffer& p_hidden, std::optional<GemmPrecision> p_gemm,
