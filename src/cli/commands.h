@@ -15,6 +15,7 @@ void register_logits(CLI::App& app);
 void register_traffic(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_kl_sweep(CLI::App& app);
+void register_state_error(CLI::App& app);
 
 // Before anything is written: each output (option name, path) is a file name in an existing
 // directory, distinct from the others and from every input, and absent unless `force`. Then the

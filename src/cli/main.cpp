@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   replayssm::cli::register_traffic(app);
   replayssm::cli::register_bench(app);
   replayssm::cli::register_kl_sweep(app);
+  replayssm::cli::register_state_error(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,139 @@
+#include "ssm/state_error.h"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "ssm/state_quantizer.h"
+
+namespace replayssm::ssm {
+
+namespace {
+
+struct Moments {  // sums over elements of x and x^2
+  double sum = 0.0, sum2 = 0.0;
+  int64_t n = 0;
+  void add(double x) {
+    sum += x;
+    sum2 += x * x;
+    ++n;
+  }
+  double mean() const { return n ? sum / static_cast<double>(n) : 0.0; }
+  double ms() const { return n ? sum2 / static_cast<double>(n) : 0.0; }
+  double var() const { return n ? ms() - mean() * mean() : 0.0; }
+};
+
+// sigma^2 / (1 - g2) + (b / (1 - g1))^2, +inf where a window does not decay at all.
+double accumulated(double var, double bias, double g1, double g2) {
+  if (g1 >= 1.0 || g2 >= 1.0) return var + bias * bias > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+  return var / (1.0 - g2) + (bias / (1.0 - g1)) * (bias / (1.0 - g1));
+}
+double coherent(double var, double bias, double g1) {
+  if (g1 >= 1.0) return var + bias * bias > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+  return (var + bias * bias) / ((1.0 - g1) * (1.0 - g1));
+}
+
+}  // namespace
+
+std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, const PrecisionPolicy& policy,
+                                                HeadGroupId id) {
+  if (policy.scheme == DecodeScheme::conventional)
+    throw std::invalid_argument(fmt::format("state error: policy {} is conventional; give a shared or split policy "
+                                            "(the stored checkpoint's error is measured at flushes)",
+                                            policy.to_string()));
+  if (policy.is_fp32_exact())
+    throw std::invalid_argument(fmt::format("state error: policy {} stores FP32: there is no error to measure",
+                                            policy.to_string()));
+  const int L = policy.window, G = seq.n_value_heads;
+  const int64_t n = seq.n_tokens, events = n / L;
+  if (events < 2)
+    throw std::invalid_argument(fmt::format("state error: {} tokens hold {} flushes of window {}; at least 2 needed", n,
+                                            events, L));
+  const std::size_t size = static_cast<std::size_t>(seq.dv) * static_cast<std::size_t>(seq.dk);
+  const bool split = policy.scheme == DecodeScheme::split;
+  const StateFormat& read_format = split ? policy.read : policy.recur;
+
+  // The exact states at the flush tokens (e + 1) L - 1.
+  std::vector<std::vector<float>> ref(static_cast<std::size_t>(G), std::vector<float>(static_cast<std::size_t>(events) * size));
+  std::vector<std::vector<float>> outs(static_cast<std::size_t>(G), std::vector<float>(static_cast<std::size_t>(n) * seq.dv));
+  std::vector<float*> out_ptrs;
+  for (auto& o : outs) out_ptrs.push_back(o.data());
+  EmulatorOptions options;
+  options.max_threads = 1;
+  options.on_checkpoint = [&](int j, int64_t token, const float* state, const float*) {
+    if ((token + 1) % L != 0 || (token + 1) / L > events) return;
+    const std::size_t e = static_cast<std::size_t>((token + 1) / L - 1);
+    std::copy(state, state + size, ref[static_cast<std::size_t>(j)].begin() + static_cast<std::ptrdiff_t>(e * size));
+  };
+  emulate_sequence(seq, PrecisionPolicy::parse("conv:fp32"), id, out_ptrs, options);
+
+  std::vector<HeadStateError> result(static_cast<std::size_t>(G));
+  std::vector<Moments> d_read(static_cast<std::size_t>(G)), d_recur(static_cast<std::size_t>(G)),
+      state(static_cast<std::size_t>(G)), r_read(static_cast<std::size_t>(G)), r_recur(static_cast<std::size_t>(G));
+  StateMatrix rounded(seq.dv, seq.dk);
+  options.on_checkpoint = [&](int j, int64_t token, const float* recur, const float* read) {
+    const int64_t e = (token + 1) / L - 1;
+    const auto ju = static_cast<std::size_t>(j);
+    const float* S = ref[ju].data() + static_cast<std::size_t>(e) * size;
+    const float* stored = read ? read : recur;
+    if (e >= events / 2) {
+      ++result[ju].steady_events;
+      for (std::size_t i = 0; i < size; ++i) {
+        d_read[ju].add(static_cast<double>(stored[i]) - S[i]);
+        d_recur[ju].add(static_cast<double>(recur[i]) - S[i]);
+        state[ju].add(S[i]);
+      }
+    }
+    ++result[ju].events;
+    if (e < events / 2) return;
+    // One rounding of the exact state, on the stream the policy's own rounding used at this flush.
+    const auto round_once = [&](const StateFormat& f, CheckpointCopy copy, Moments& m) {
+      if (f.format == formats::StorageFormat::fp32) return;
+      rounded = Eigen::Map<const StateMatrix>(S, seq.dv, seq.dk);
+      quantize_state(rounded, f, policy.seed, id, j, copy, static_cast<uint64_t>(e));
+      for (std::size_t i = 0; i < size; ++i) m.add(static_cast<double>(rounded.data()[i]) - S[i]);
+    };
+    round_once(read_format, split ? CheckpointCopy::read : CheckpointCopy::recur, r_read[ju]);
+    if (split) round_once(policy.recur, CheckpointCopy::recur, r_recur[ju]);
+  };
+  emulate_sequence(seq, policy, id, out_ptrs, options);
+
+  const int width = seq.kind == Recurrence::kda ? seq.dk : 1;
+  for (int j = 0; j < G; ++j) {
+    const auto ju = static_cast<std::size_t>(j);
+    HeadStateError& h = result[ju];
+    h.value_head = static_cast<int>(id.key_head) * G + j;
+    // gamma over each window [e L, (e + 1) L) that ends at flush e (KDA: every channel).
+    Moments g;
+    const float* a = seq.alpha[ju];
+    for (int64_t e = 0; e < events; ++e)
+      for (int c = 0; c < width; ++c) {
+        double log_gamma = 0.0;
+        for (int64_t t = e * L; t < (e + 1) * L; ++t) log_gamma += std::log(static_cast<double>(a[t * width + c]));
+        g.add(std::exp(log_gamma));
+      }
+    h.mean_gamma = g.mean();
+    h.mean_gamma2 = g.ms();
+    h.state_ms = state[ju].ms();
+    h.measured_ms = d_read[ju].ms();
+    h.measured_bias = d_read[ju].mean();
+    h.recur_measured_ms = d_recur[ju].ms();
+    h.rounding_bias = r_read[ju].mean();
+    h.rounding_var = r_read[ju].var();
+    h.recur_rounding_bias = r_recur[ju].mean();
+    h.recur_rounding_var = r_recur[ju].var();
+    if (split) {
+      const double one = h.rounding_var + h.rounding_bias * h.rounding_bias;
+      h.predicted_ms = one + accumulated(h.recur_rounding_var, h.recur_rounding_bias, h.mean_gamma, h.mean_gamma2);
+      h.coherent_ms = one + coherent(h.recur_rounding_var, h.recur_rounding_bias, h.mean_gamma);
+    } else {
+      h.predicted_ms = accumulated(h.rounding_var, h.rounding_bias, h.mean_gamma, h.mean_gamma2);
+      h.coherent_ms = coherent(h.rounding_var, h.rounding_bias, h.mean_gamma);
+    }
+  }
+  return result;
+}
+
+}  // namespace replayssm::ssm

@@ -1,0 +1,50 @@
+// The error of the stored state, measured against the FP32 state and predicted by the error model
+// of REPLAYSSM.md section 6 (paper appendix C.6), for one head group's real inputs (issue 11).
+//
+// The same inputs run twice through the sequence emulator: under conv:fp32 (the exact states S_t)
+// and under the policy (the stored states). At every flush e (token (e + 1) L - 1) the copy that
+// non-flush steps read — the shared checkpoint, or the split LP copy — differs from S by D_e.
+// The model: D_e = gamma_e D_{e-1} + r_e with gamma_e = prod alpha over the window and r_e one
+// rounding of the state in the stored format, of bias b and variance sigma^2 (measured here by
+// rounding S at each flush once more, with the same stream). Steady state, rounding errors
+// independent from flush to flush:
+//   shared    E[D^2] = sigma^2 / (1 - E[gamma^2]) + (b / (1 - E[gamma]))^2           ("independent")
+//   split     E[D^2] = sigma_read^2 + b_read^2, plus the recur copy's own shared-type term when it
+//             is not FP32 (the LP copy is one rounding of the HP state)
+// When rounding errors repeat from flush to flush (RTN of a slowly changing state) they add up
+// coherently instead: E[D^2] -> E[r^2] / (1 - E[gamma])^2, reported as the "coherent" bound. For
+// Mamba-2 the recurrence carries D exactly by gamma; for GDN and KDA the delta rule's (I - beta k
+// k^T) factors shrink D further, so the model is an upper estimate there. KDA's gamma is averaged
+// over the key channels.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "ssm/precision_policy.h"
+#include "ssm/sequence_emulator.h"
+
+namespace replayssm::ssm {
+
+struct HeadStateError {
+  int value_head = 0;             // in the layer: key_head * n_value_heads + the head in its group
+  int64_t events = 0;             // flushes
+  int64_t steady_events = 0;      // the second half of them, where the measured values are taken
+  double state_ms = 0.0;          // mean S^2 over the elements of the steady-state flushes
+  double measured_ms = 0.0;       // mean D^2 of the read copy, steady state
+  double measured_bias = 0.0;     // mean D, steady state
+  double recur_measured_ms = 0.0; // split: mean D^2 of the recur (HP) copy; shared: = measured_ms
+  // One rounding of the exact state at the steady-state flushes (same streams as the policy's):
+  double rounding_bias = 0.0, rounding_var = 0.0;              // in the read format
+  double recur_rounding_bias = 0.0, recur_rounding_var = 0.0;  // split: in the recur format (0: FP32)
+  double mean_gamma = 0.0, mean_gamma2 = 0.0;                  // over the windows (KDA: and channels)
+  double predicted_ms = 0.0;      // the independent-errors model above
+  double coherent_ms = 0.0;       // the coherent bound above
+};
+
+// One entry per value head of the group. Throws std::invalid_argument for a conventional policy
+// (its error model is per token; not measured here), an FP32-exact policy, or a sequence shorter
+// than two windows; otherwise the checks of emulate_sequence.
+std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, const PrecisionPolicy& policy,
+                                                HeadGroupId id);
+
+}  // namespace replayssm::ssm

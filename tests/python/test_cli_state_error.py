@@ -1,0 +1,54 @@
+"""`replayssm state-error` (issue 11, appendix C.6 on real states) on a golden model: the JSON holds one
+entry per SSM head and policy, split with an FP32 recur copy measures exactly its prediction (one
+rounding), shared errors exceed one rounding by about the model's accumulation factor, and
+scripts/plot_state_error.py draws it."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, replayssm_binary
+
+MODEL = ROOT / "data" / "models" / "mamba2_tiny"
+
+
+def run(*args):
+    return subprocess.run([replayssm_binary(), *map(str, args)], capture_output=True, text=True)
+
+
+def test_state_error_json_and_plot(text_dir, tmp_path):
+    out = tmp_path / "se.json"
+    r = run("state-error", MODEL, "--text-dir", text_dir, "--length", 640, "--books", 2, "--threads", 2,
+            "--policies", "shared:nvfp4+sr@16,split:nvfp4+rtn/fp32@8", "--json", out)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(out.read_text())
+    assert [p["policy"] for p in j["policies"]] == ["shared:nvfp4+sr@16", "split:nvfp4+rtn/fp32@8"]
+    for p in j["policies"]:
+        assert len(p["heads"]) == 2 * 3 * 8  # 2 books x 3 layers x 8 heads
+        window = 16 if p["policy"].startswith("shared") else 8
+        for h in p["heads"]:
+            assert h["events"] == 640 // window and h["steady_events"] == h["events"] - h["events"] // 2
+            assert h["measured_ms"] > 0 and h["state_ms"] > 0
+            one = h["rounding_var"] + h["rounding_bias"] ** 2
+            if p["policy"].startswith("split"):
+                assert h["measured_ms"] == pytest.approx(h["predicted_ms"], rel=1e-9)
+                assert h["recur_measured_ms"] == 0
+            else:
+                factor = 1 / (1 - h["mean_gamma2"])
+                assert h["predicted_ms"] >= one * factor * (1 - 1e-12)
+    png = tmp_path / "se.png"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_state_error.py"), str(out), "--out", str(png)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert png.stat().st_size > 10_000
+
+
+def test_refusals(text_dir, tmp_path):
+    out = tmp_path / "x.json"
+    out.write_text("keep")
+    r = run("state-error", MODEL, "--text-dir", text_dir, "--length", 64, "--json", out)
+    assert r.returncode != 0 and "exists" in r.stderr and out.read_text() == "keep"
+    r = run("state-error", MODEL, "--text-dir", text_dir, "--length", 64, "--json", tmp_path / "y.json",
+            "--policies", "conv:nvfp4+rtn")
+    assert r.returncode != 0 and "conventional" in r.stderr
