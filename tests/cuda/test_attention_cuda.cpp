@@ -29,6 +29,7 @@
 #include "model/test_model_util.h"
 #include "test_util.h"
 #include "model/cublas_api.h"
+#include "gpu_test_util.h"
 
 using namespace replayssm;
 using model::Mat;
@@ -36,14 +37,7 @@ using model::ScaleAt;
 
 namespace {
 
-struct GpuGuard {
-  GpuGuard() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-      test::skip_suite("no CUDA device: attention kernel tests run on the device machine (see docs/GPU_RESULTS.md)");
-  }
-};
-const GpuGuard gpu_guard;
+const test::GpuGuard gpu_guard("attention kernel tests");
 
 constexpr double kRtol = 1e-5;
 constexpr uint32_t kSentinel = 0xffffffffu;  // a NaN: read by mistake it poisons the result

@@ -21,6 +21,7 @@
 #include "ssm/decode_kernels.h"
 #include "ssm/replay_decode.h"
 #include "test_util.h"
+#include "gpu_test_util.h"
 
 using namespace replayssm;
 using cuda::DecodeShape;
@@ -28,14 +29,7 @@ using formats::StorageFormat;
 
 namespace {
 
-struct GpuGuard {
-  GpuGuard() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-      test::skip_suite("no CUDA device: decode kernel tests run on the device machine (see docs/GPU_RESULTS.md)");
-  }
-};
-const GpuGuard gpu_guard;
+const test::GpuGuard gpu_guard("decode kernel tests");
 
 template <class T>
 struct DeviceArray {

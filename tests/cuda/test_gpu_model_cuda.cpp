@@ -26,6 +26,7 @@
 #include "model/gpu_causal_lm.h"
 #include "model/moe.h"
 #include "../model/test_model_util.h"
+#include "gpu_test_util.h"
 
 using namespace replayssm;
 using namespace replayssm::cuda;
@@ -33,23 +34,10 @@ using model::Mat;
 
 namespace {
 
-struct GpuGuard {
-  GpuGuard() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-      test::skip_suite("no CUDA device: GPU model tests run on the device machine (see docs/GPU_RESULTS.md)");
-  }
-};
-const GpuGuard gpu_guard;
+const test::GpuGuard gpu_guard("GPU model tests");
 
 constexpr std::size_t kTokens = 300;
 
-// PG-19-like prose for the byte-level models (token id = byte value).
-const char* kText =
-    "It was late in the autumn of the year when the travellers came at last within sight of the old town. The road "
-    "had been long and the weather unkind; for three days the rain had followed them across the moor, and the horses "
-    "were weary. \"We shall rest here,\" said the elder of the two, drawing his cloak about him, \"and to-morrow we "
-    "shall see what the morning brings.\" His companion made no answer, but looked up at the grey walls.";
 
 std::vector<std::string> models() {
   std::vector<std::string> m = test::golden_models();
@@ -64,7 +52,7 @@ std::vector<int64_t> tokens_of(const std::string& name) {
   if (std::filesystem::exists(file)) {
     t = test::read_tokens(file);
   } else {
-    for (const char* c = kText; *c; ++c) t.push_back(static_cast<unsigned char>(*c));
+    for (const char* c = test::kEnglishText; *c; ++c) t.push_back(static_cast<unsigned char>(*c));
   }
   REQUIRE(t.size() >= kTokens);
   t.resize(kTokens);

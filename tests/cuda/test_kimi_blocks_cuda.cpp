@@ -40,6 +40,7 @@
 #include "model/moe.h"
 #include "../model/test_model_util.h"
 #include "model/cublas_api.h"
+#include "gpu_test_util.h"
 
 using namespace replayssm;
 using namespace replayssm::cuda;
@@ -49,15 +50,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct GpuGuard {
-  GpuGuard() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-      test::skip_suite("no CUDA device: Kimi Linear / MoE GPU block tests run on the device machine (see "
-                       "docs/GPU_RESULTS.md)");
-  }
-};
-const GpuGuard gpu_guard;
+const test::GpuGuard gpu_guard("Kimi Linear / MoE GPU block tests");
 
 struct Rng {
   boost::random::mt19937_64 gen;

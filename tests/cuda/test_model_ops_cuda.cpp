@@ -29,6 +29,7 @@
 #include "model/model_ops.h"
 #include "test_util.h"
 #include "model/cublas_api.h"
+#include "gpu_test_util.h"
 
 using namespace replayssm;
 using namespace replayssm::cuda;
@@ -37,14 +38,7 @@ using model::Vec;
 
 namespace {
 
-struct GpuGuard {
-  GpuGuard() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-      test::skip_suite("no CUDA device: model op tests run on the device machine (see docs/GPU_RESULTS.md)");
-  }
-};
-const GpuGuard gpu_guard;
+const test::GpuGuard gpu_guard("model op tests");
 
 struct Rng {
   boost::random::mt19937_64 gen;

@@ -37,28 +37,17 @@
 #include "model/gpu_causal_lm.h"
 #include "ssm/sequence_emulator.h"
 #include "../model/test_model_util.h"
+#include "gpu_test_util.h"
 
 using namespace replayssm;
 using namespace replayssm::cuda;
 
 namespace {
 
-struct GpuGuard {
-  GpuGuard() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-      test::skip_suite("no CUDA device: GPU model tests run on the device machine (see docs/GPU_RESULTS.md)");
-  }
-};
-const GpuGuard gpu_guard;
+const test::GpuGuard gpu_guard("GPU model tests");
 
 constexpr int kTokens = 2048;
 
-const char* kText =
-    "It was late in the autumn of the year when the travellers came at last within sight of the old town. The road "
-    "had been long and the weather unkind; for three days the rain had followed them across the moor, and the horses "
-    "were weary. \"We shall rest here,\" said the elder of the two, drawing his cloak about him, \"and to-morrow we "
-    "shall see what the morning brings.\" His companion made no answer, but looked up at the grey walls. ";
 
 std::vector<int64_t> text_tokens(int n) {
   std::string text;
@@ -70,7 +59,7 @@ std::vector<int64_t> text_tokens(int n) {
     text = io::strip_gutenberg(raw.str(), books.front().filename().string()).text;
     MESSAGE("text: " << books.front().string());
   }
-  while (static_cast<int>(text.size()) < n) text += kText;
+  while (static_cast<int>(text.size()) < n) text += test::kEnglishText;
   std::vector<int64_t> t;
   for (int i = 0; i < n; ++i) t.push_back(static_cast<unsigned char>(text[static_cast<std::size_t>(i)]));
   return t;

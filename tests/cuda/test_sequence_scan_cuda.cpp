@@ -28,6 +28,7 @@
 #include "device_memory.h"
 #include "ssm/sequence_scan.h"
 #include "test_util.h"
+#include "gpu_test_util.h"
 
 using namespace replayssm;
 using ssm::LayerSequence;
@@ -36,14 +37,7 @@ using ssm::Recurrence;
 
 namespace {
 
-struct GpuGuard {
-  GpuGuard() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-      test::skip_suite("no CUDA device: scan kernel tests run on the device machine (see docs/GPU_RESULTS.md)");
-  }
-};
-const GpuGuard gpu_guard;
+const test::GpuGuard gpu_guard("scan kernel tests");
 
 constexpr float kPadding = -12345.0f;  // between rows of strided operands: never read as data, never written
 

@@ -20,19 +20,13 @@
 #include "eval/cuda_sweep_engine.h"
 #include "model/teacher_forced_model.h"
 #include "../model/test_model_util.h"
+#include "gpu_test_util.h"
 
 using namespace replayssm;
 
 namespace {
 
-struct GpuGuard {
-  GpuGuard() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-      test::skip_suite("no CUDA device: GPU sweep-shard tests run on the device machine (see docs/GPU_RESULTS.md)");
-  }
-};
-const GpuGuard gpu_guard;
+const test::GpuGuard gpu_guard("GPU sweep-shard tests");
 
 constexpr int64_t kN = 300;
 constexpr int kChunk = 128;
