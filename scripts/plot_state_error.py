@@ -1,69 +1,16 @@
 #!/usr/bin/env python3
-"""Plot `replayssm state-error` output (paper appendix C.6 on real states): per SSM head, the measured
-mean-square error of the stored state (relative to the state's mean square) against the error
-model's prediction, one colour per policy, the line measured = predicted and a factor-2 band; the
-second panel shows measured / predicted against the window decay E[gamma^2], where the model's
-accumulation factor 1/(1 - E[gamma^2]) lives.
+"""Plot `replayssm state-error` output (appendix C.6 on real states): measured vs predicted
+stored-state error per head (docs/STATE_ERROR.md).
 
   python3 scripts/plot_state_error.py STATE_ERROR.json [--out FILE.png]
+
+The plot: python/replayssm_py/state_error_plot.py.
 """
-import argparse
-import json
-import math
 import pathlib
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", type=pathlib.Path)
-    ap.add_argument("--out", type=pathlib.Path, help="default: the JSON path with .png")
-    a = ap.parse_args()
-    try:
-        data = json.loads(a.json.read_text())
-        policies = data["policies"]
-    except (OSError, json.JSONDecodeError, KeyError) as e:
-        sys.exit(f"{a.json}: not a `replayssm state-error` file ({e})")
-    out = a.out or a.json.with_suffix(".png")
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5))
-    lo, hi = math.inf, 0.0
-    for i, p in enumerate(policies):
-        pts = [(h["predicted_ms"] / h["state_ms"], h["measured_ms"] / h["state_ms"], h["mean_gamma2"])
-               for h in p["heads"] if h["predicted_ms"] and h["state_ms"] > 0 and h["measured_ms"] > 0]
-        if not pts:
-            continue
-        x, y, g2 = zip(*pts)
-        colour = f"C{i}"
-        marker = "o" if p["policy"].startswith("shared") else "^"
-        ax.scatter(x, y, s=14, c=colour, marker=marker, alpha=0.7, label=f"{p['policy']} ({len(pts)} heads)")
-        bx.scatter(g2, [m / q for q, m in zip(x, y)], s=14, c=colour, marker=marker, alpha=0.7)
-        lo, hi = min(lo, *x, *y), max(hi, *x, *y)
-    if hi == 0.0:
-        sys.exit(f"{a.json}: no head with a positive predicted and measured error")
-    line = [lo / 2, hi * 2]
-    ax.plot(line, line, "k-", lw=1, label="measured = predicted")
-    ax.fill_between(line, [v / 2 for v in line], [v * 2 for v in line], color="0.85", zorder=0, label="factor 2")
-    ax.set(xscale="log", yscale="log", xlabel="predicted mean-square error / state mean square",
-           ylabel="measured mean-square error / state mean square",
-           title=f"stored-state error per head: {pathlib.Path(data['model_dir']).name}, "
-                 f"{data['positions_per_book']} positions")
-    ax.legend(fontsize=7, loc="upper left")
-    bx.axhline(1.0, color="k", lw=1)
-    bx.axhspan(0.5, 2.0, color="0.85", zorder=0)
-    bx.set(xlabel="E[gamma^2] over the window (gamma = prod alpha over L tokens)", ylabel="measured / predicted",
-           yscale="log", title="where the independent-rounding model holds")
-    fig.text(0.01, 0.01, "shared (o): sigma^2/(1-E[gamma^2]) + (b/(1-E[gamma]))^2; split (^): one rounding of the HP "
-                         "state; steady state (second half of the flushes)", fontsize=7)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(out, dpi=130)
-    print(f"wrote {out}")
-    return 0
-
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))  # this checkout's package
+from replayssm_py.state_error_plot import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())
