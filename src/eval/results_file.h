@@ -53,7 +53,8 @@
 namespace replayssm::eval {
 
 inline constexpr const char* kResultsSchema = "replayssm-kl-sweep";
-inline constexpr int64_t kResultsSchemaVersion = 1;
+inline constexpr int64_t kResultsSchemaVersion = 2;
+inline constexpr int64_t kOldestResultsSchemaVersion = 1;  // read_results_summary still reads version 1
 inline constexpr const char* kCellSchema = "replayssm-kl-sweep-cell";
 
 // Group name of a configuration: the policy string with '/' (HDF5's path separator) -> '|'.
@@ -61,11 +62,13 @@ std::string config_group_name(const std::string& policy);
 
 // One statistics dataset of a configuration group (see the schema above).
 struct StatField {
-  enum class Width { one, buckets, percentiles };
+  enum class Width { one, buckets, percentiles, bucket_percentiles };
   const char* name;
   bool integer;     // int64 (counts) or float64
-  Width width;      // per book: [B] (one), [B, K] (buckets) or [B, 4] (percentiles)
+  Width width;      // per book: [B] (one), [B, K] (buckets), [B, 5] (percentiles), [B, K, 5]
   const char* doc;
+  bool aggregate_only;    // only in aggregate/ (spreads over books and seeds)
+  int64_t since_version;  // the schema version that added it (absent from older files)
 };
 std::span<const StatField> stat_fields();
 

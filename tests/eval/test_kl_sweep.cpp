@@ -103,7 +103,7 @@ TEST_CASE("a sweep writes the documented schema, and its KL is the model's KL co
   // Read back with the C API.
   io::h5::Handle f = io::h5::open_file((dir / "res.h5").string());
   CHECK(io::h5::read_attr_string(f, "schema") == "replayssm-kl-sweep");
-  CHECK(io::h5::read_attr_int(f, "schema_version") == 1);
+  CHECK(io::h5::read_attr_int(f, "schema_version") == eval::kResultsSchemaVersion);
   CHECK(io::h5::read_attr_int(f, "complete") == 1);
   CHECK(io::h5::read_attr_int(f, "n_positions") == N);
   CHECK(io::h5::read_attr_int(f, "n_books") == 2);
@@ -142,7 +142,7 @@ TEST_CASE("a sweep writes the documented schema, and its KL is the model's KL co
     io::h5::read_dataset<double>(g, "bucket_mean", &dims);
     CHECK(dims == std::vector<hsize_t>{2, K});
     io::h5::read_dataset<double>(g, "percentiles", &dims);
-    CHECK(dims == std::vector<hsize_t>{2, 4});
+    CHECK(dims == std::vector<hsize_t>{2, 5});
     CHECK(io::h5::read_row(g, "kl", 1) == std::vector<float>(kl.begin() + N, kl.end()));
 
     // Direct computation from the model for book 1.
@@ -161,7 +161,7 @@ TEST_CASE("a sweep writes the documented schema, and its KL is the model's KL co
     CHECK(mean[1] == doctest::Approx(sum / N).epsilon(1e-9));
     CHECK(sum > 0);  // low-precision state does change the distributions
     const auto pct = io::h5::read_dataset<double>(g, "percentiles");
-    CHECK(pct[4 + 3] == doctest::Approx(max_kl).epsilon(1e-6));
+    CHECK(pct[5 + 4] == doctest::Approx(max_kl).epsilon(1e-6));
 
     // The aggregate pools both books.
     io::h5::Handle a = io::h5::open_group(g, "aggregate");
