@@ -25,7 +25,7 @@ std::string format_statistics_table(const std::vector<SummaryRow>& rows) {
   if (rows.empty()) return "";
   std::size_t name_w = 13;
   for (const auto& r : rows) name_w = std::max(name_w, r.policy.size());
-  name_w = std::min<std::size_t>(name_w, 30);
+  name_w = std::min<std::size_t>(name_w, 34);
   // Percentiles::kLevels: index 2 is p99.
   static_assert(Percentiles::kLevels[2] == 99.0);
   std::string out = fmt::format("{:<{}} {:>16} {:>8} {:>8} {:>8} {:>8} {:>14} {:>17}\n", "configuration", name_w,
@@ -45,8 +45,8 @@ std::string format_statistics_table(const std::vector<SummaryRow>& rows) {
                        plain(s.rms_delta_p()), top1, ppl);
   }
   out += fmt::format(
-      "± SE: block bootstrap over positions (blocks of {} tokens, {} resamples, seed {}); ± books: sd of the per-book\n"
-      "means / sqrt(books); ± seeds: the same over the SR seeds of one policy (- : one seed). p99 KL: 99th percentile\n"
+      "± SE: block bootstrap over positions (blocks of {} tokens, {} resamples, seed {:#x}); ± books: sd of the\n"
+      "per-book means / sqrt(books); ± seeds: the same over the SR seeds of one policy (- : one seed). p99 KL: 99th percentile\n"
       "of the per-position KL; RMS dp: sqrt(mean (p_cfg - p_ref)^2) of the true next token; PPL ratio: PPL(config) /\n"
       "PPL(reference). Per bucket and per book: the result file (docs/KL_SWEEP.md).\n",
       rows.front().stats.blocks.block_length, kBootstrapResamples, kBootstrapSeed);

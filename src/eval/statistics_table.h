@@ -11,7 +11,7 @@
 namespace replayssm::eval {
 
 // Rows: the aggregates (KlStats::se, the spreads and pct set, as CellStore::merge or
-// read_results_summary give them). At most 120 columns for names up to 30 characters (longer
+// read_results_summary give them). At most 120 columns for names up to 34 characters (longer
 // ones are cut with '~'); '-' where a value is not defined.
 std::string format_statistics_table(const std::vector<SummaryRow>& rows);
 

@@ -172,9 +172,9 @@ def test_hostile_outputs_are_refused_and_left_alone(exe, text, tmp_path):
     newer = tmp_path / "newer.h5"
     shutil.copy(good, newer)
     with h5py.File(newer, "r+") as f:
-        f.attrs["schema_version"] = 2
+        f.attrs["schema_version"] = 3
     r = run_sweep(exe, text, newer)
-    assert r.returncode == 2 and "result schema version 2 (this build reads 1)" in r.stderr, r.stderr
+    assert r.returncode == 2 and "result schema version 3 (this build reads 1 to 2)" in r.stderr, r.stderr
     # A file that does not say it is complete is not taken for a finished result.
     unfinished = tmp_path / "unfinished.h5"
     shutil.copy(good, unfinished)
