@@ -133,9 +133,9 @@ def plot_kl_vs_length(results, ax=None, configs=None, title=None):
     drawn = [s for s in ("split", "shared", "conv") if any(c["info"]["scheme"] == s for c in chosen)]
     notes = ["    ".join(_SCHEME_STYLE[s] for s in drawn)]
     if banded:
-        block = a.get("bootstrap_block_length")
+        blocks = results.get("bootstrap_block_length")
         notes.append("bands: ± 2 standard errors (block bootstrap over positions"
-                     + (f", blocks of {block} tokens)" if block else ")"))
+                     + (f", blocks of {min(blocks)}-{max(blocks)} tokens)" if blocks is not None else ")"))
     if overflowed:
         notes.append("x: the state overflowed (NaN/Inf) after this point")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False,

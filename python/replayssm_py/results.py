@@ -27,7 +27,8 @@ def _attr(v):
 def load_results(path):
     """Reads a result file.
 
-    Returns a dict with: path, attrs (root attributes), schema_version, edges (int64 [K+1]), books
+    Returns a dict with: path, attrs (root attributes), schema_version, edges (int64 [K+1]),
+    bootstrap_block_length (int64 [K]: each bucket's bootstrap block; None in version 1), books
     (names), text_fnv1a64 (per book, the stripped-text hash), n_positions, percentile_levels, configs:
     a list in sweep order of dicts with name (group), policy, config (parsed JSON), info
     (parse_policy), seed_group (the configurations of this policy under other SR seeds, itself
@@ -114,7 +115,9 @@ def _read(f, path):
         c["book_mean_kl_se"] = _need(g, "mean_kl_se", path)[:] if v2 else np.full(B, np.nan)
         c["seed_group"] = json.loads(_s(a.attrs["seed_group"])) if "seed_group" in a.attrs else []
         configs.append(c)
+    blocks = f["bootstrap_block_length"][:] if "bootstrap_block_length" in f else None
     return {"path": str(path), "attrs": attrs, "schema_version": version, "edges": edges, "books": books,
+            "bootstrap_block_length": blocks,
             "text_fnv1a64": hashes, "n_positions": int(attrs.get("n_positions", edges[-1])),
             "percentile_levels": PERCENTILE_LEVELS, "configs": configs}
 

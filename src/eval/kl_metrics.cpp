@@ -200,6 +200,17 @@ int64_t bootstrap_block_length(const std::vector<int64_t>& edges) {
   return edges.size() < 2 ? 1 : std::max<int64_t>(1, edges[1] / 8);
 }
 
+std::vector<int64_t> bootstrap_block_lengths(const std::vector<int64_t>& edges) {
+  const int64_t b = bootstrap_block_length(edges), e = edges.size() < 2 ? 1 : edges[1];
+  std::vector<int64_t> lengths;
+  for (std::size_t k = 0; k + 1 < edges.size(); ++k) {
+    // size / 8 rounded down to a multiple of b (sizes are e 2^j but for the last bucket).
+    const int64_t eighth = (edges[k + 1] - edges[k]) / 8 / b * b;
+    lengths.push_back(std::clamp<int64_t>(eighth, b, std::max(b, e)));
+  }
+  return lengths;
+}
+
 StandardErrors::StandardErrors(std::size_t buckets)
     : mean_kl(kNaN),
       top1(kNaN),
@@ -277,8 +288,9 @@ StandardErrors block_bootstrap(std::span<const BlockSums* const> strata, const s
   if (K == 0 || resamples < 2) return se;
   const int64_t b = bootstrap_block_length(edges), n = edges.back();
   const auto n_blocks = static_cast<std::size_t>((n + b - 1) / b);
-  // blocks_of[s][k]: the block indices of stratum s in bucket k.
-  std::vector<std::vector<std::vector<std::size_t>>> blocks_of(strata.size(), std::vector<std::vector<std::size_t>>(K));
+  const std::vector<int64_t> lengths = bootstrap_block_lengths(edges);
+  // blocks_of[s][k]: the blocks of stratum s in bucket k, each the sums over its run of base blocks.
+  std::vector<std::vector<std::vector<Pool>>> blocks_of(strata.size(), std::vector<std::vector<Pool>>(K));
   std::vector<std::size_t> blocks_in_bucket(K, 0);
   for (std::size_t s = 0; s < strata.size(); ++s) {
     const BlockSums& bs = *strata[s];
@@ -287,10 +299,15 @@ StandardErrors block_bootstrap(std::span<const BlockSums* const> strata, const s
       throw std::invalid_argument(fmt::format("block_bootstrap: stratum {} holds {} blocks of {} positions, expected "
                                               "{} of {} for N = {}",
                                               s, bs.size(), bs.block_length, n_blocks, b, n));
-    for (std::size_t j = 0; j < n_blocks; ++j) {
-      const auto k = static_cast<std::size_t>(bucket_of(edges, static_cast<int64_t>(j) * b + 1));
-      blocks_of[s][k].push_back(j);
-      ++blocks_in_bucket[k];
+    for (std::size_t k = 0; k < K; ++k) {
+      const auto run = static_cast<std::size_t>(lengths[k] / b);
+      const auto first = static_cast<std::size_t>(edges[k] / b), end = static_cast<std::size_t>((edges[k + 1] + b - 1) / b);
+      for (std::size_t j0 = first; j0 < end; j0 += run) {
+        Pool block;
+        for (std::size_t j = j0; j < std::min(end, j0 + run); ++j) block.add(bs, j);
+        blocks_of[s][k].push_back(block);
+      }
+      blocks_in_bucket[k] += blocks_of[s][k].size();
     }
   }
   const auto R = static_cast<std::size_t>(resamples);
@@ -302,8 +319,8 @@ StandardErrors block_bootstrap(std::span<const BlockSums* const> strata, const s
     for (std::size_t k = 0; k < K; ++k) {
       Pool bucket;
       for (std::size_t s = 0; s < strata.size(); ++s) {
-        const std::vector<std::size_t>& js = blocks_of[s][k];
-        for (std::size_t i = 0; i < js.size(); ++i) bucket.add(*strata[s], js[rng.below(js.size())]);
+        const std::vector<Pool>& blocks = blocks_of[s][k];
+        for (std::size_t i = 0; i < blocks.size(); ++i) bucket.add(blocks[rng.below(blocks.size())]);
       }
       rep_kl[k][r] = bucket.mean_kl();
       rep_top1[k][r] = bucket.top1_share();

@@ -392,13 +392,17 @@ ResultsWriter::ResultsWriter(std::string path, const ResultsMetadata& meta, cons
   h5::make_dimension_scale(f, "bucket", "bucket");
   h5::make_dimension_scale(f, "book", "book");
   h5::make_dimension_scale(f, "percentile", "percentile");
-  // The bootstrap blocks [j b, (j + 1) b): the scale holds each block's first position.
+  // The bootstrap's base blocks [j b, (j + 1) b): the scale holds each block's first position; and
+  // the block length each bucket is resampled in (runs of base blocks).
   const int64_t block = bootstrap_block_length(edges);
   std::vector<int64_t> block_starts;
   for (int64_t t = 0; t < meta.n_positions; t += block) block_starts.push_back(t);
   h5::write_dataset(f, "block", {block_starts.size()}, block_starts.data());
   h5::make_dimension_scale(f, "block", "block");
-  h5::write_attr(f, "bootstrap_block_length", block);
+  const std::vector<int64_t> lengths = bootstrap_block_lengths(edges);
+  h5::write_dataset(f, "bootstrap_block_length", {lengths.size()}, lengths.data());
+  h5::attach_dimension_scale(f, "bootstrap_block_length", "bucket", 0);
+  h5::write_attr(f, "bootstrap_base_block_length", block);
   h5::write_attr(f, "bootstrap_resamples", static_cast<int64_t>(kBootstrapResamples));
   h5::write_attr(f, "bootstrap_seed", static_cast<int64_t>(kBootstrapSeed));
 }

@@ -44,12 +44,15 @@ std::string format_statistics_table(const std::vector<SummaryRow>& rows) {
                        plain(s.mean_kl_book_se), plain(s.mean_kl_seed_se), plain(s.pct.value[2]),
                        plain(s.rms_delta_p()), top1, ppl);
   }
+  const std::vector<int64_t> lengths = bootstrap_block_lengths(rows.front().stats.edges);
+  if (lengths.empty()) return out;
   out += fmt::format(
-      "± SE: block bootstrap over positions (blocks of {} tokens, {} resamples, seed {:#x}); ± books: sd of the\n"
-      "per-book means / sqrt(books); ± seeds: the same over the SR seeds of one policy (- : one seed). p99 KL: 99th percentile\n"
+      "± SE: block bootstrap over positions (blocks of {} to {} tokens, {} resamples, seed {:#x}); ± books: sd of\n"
+      "the per-book means / sqrt(books); ± seeds: the same over the SR seeds of one policy (- : one seed). p99 KL: 99th percentile\n"
       "of the per-position KL; RMS dp: sqrt(mean (p_cfg - p_ref)^2) of the true next token; PPL ratio: PPL(config) /\n"
       "PPL(reference). Per bucket and per book: the result file (docs/KL_SWEEP.md).\n",
-      rows.front().stats.blocks.block_length, kBootstrapResamples, kBootstrapSeed);
+      *std::min_element(lengths.begin(), lengths.end()), *std::max_element(lengths.begin(), lengths.end()),
+      kBootstrapResamples, kBootstrapSeed);
   return out;
 }
 

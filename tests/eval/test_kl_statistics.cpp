@@ -172,7 +172,7 @@ TEST_CASE("target log-probs, RMS delta-p, top-1 and the PPL ratio per bucket agr
 TEST_CASE("block bootstrap: sigma / sqrt(n) for independent values, the long-run SE for correlated ones") {
   boost::random::mt19937_64 rng(replayssm::test::kBaseSeed + 102);
   boost::random::normal_distribution<double> normal(0.0, 1.0);
-  const int64_t n = 65536;  // blocks of 128: 512 of them
+  const int64_t n = 1 << 20;  // blocks of 128 to 1024 positions: 1,072 of them
   const double sigma = 0.25;
   std::vector<double> iid(static_cast<std::size_t>(n)), ar(static_cast<std::size_t>(n));
   const double rho = 0.9;
@@ -184,19 +184,21 @@ TEST_CASE("block bootstrap: sigma / sqrt(n) for independent values, the long-run
   }
   const KlStats a = stats_of(iid), c = stats_of(ar);
   REQUIRE(a.blocks.block_length == 128);
+  REQUIRE(bootstrap_block_lengths(a.edges).back() == 1024);
   const double iid_formula = sigma / std::sqrt(double(n));
   const double se_iid = bootstrap_mean_se(a), se_ar = bootstrap_mean_se(c);
   CAPTURE(se_iid);
   CAPTURE(se_ar);
-  // The bootstrap's own spread: ~sqrt(1/(2 * 512)) from the blocks, ~sqrt(1/(2 * 1000)) from the
-  // resamples, ~4% together; 15% is > 3.5 of them.
+  // The bootstrap's own spread: ~sqrt(1/(2 * 1072)) from the blocks, ~sqrt(1/(2 * 1000)) from the
+  // resamples, ~3% together; 15% is 5 of them.
   CHECK(se_iid == doctest::Approx(iid_formula).epsilon(0.15));
   // AR(1): long-run SE = sigma sqrt((1 + rho) / (1 - rho)) / sqrt(n) = 4.36x the iid formula; blocks
-  // of 128 >> the correlation length ~10 capture it (to a bias of ~2 rho / ((1 - rho^2) 128) = 7%).
+  // of 1024 in the long buckets >> the correlation length ~10 capture it (bias ~2 rho / ((1 - rho^2)
+  // 1024) < 1%).
   const double long_run = iid_formula * std::sqrt((1 + rho) / (1 - rho));
   CHECK(se_ar == doctest::Approx(long_run).epsilon(0.2));
   CHECK(se_ar > 3.0 * iid_formula);
-  // Per bucket: the last bucket (32768 positions, 256 blocks) of the iid data.
+  // Per bucket: the last bucket (512K positions, 512 blocks) of the iid data.
   const std::size_t last = a.edges.size() - 2;
   const BlockSums* one = &a.blocks;
   const StandardErrors e = block_bootstrap(std::span<const BlockSums* const>(&one, 1), a.edges);
@@ -210,6 +212,26 @@ TEST_CASE("block bootstrap: sigma / sqrt(n) for independent values, the long-run
   const double other = bootstrap_mean_se(a, kBootstrapSeed + 1);
   CHECK(other != se_iid);
   CHECK(other == doctest::Approx(se_iid).epsilon(0.15));
+}
+
+TEST_CASE("bootstrap blocks: 128 positions stored, each bucket resampled in >= 8 blocks of at most 1024") {
+  const auto e128k = length_bucket_edges(131072);  // 0, 1K, 2K, ..., 64K, 128K
+  CHECK(bootstrap_block_length(e128k) == 128);
+  CHECK(bootstrap_block_lengths(e128k) == std::vector<int64_t>{128, 128, 256, 512, 1024, 1024, 1024, 1024});
+  // N = 100000: the last bucket (65536, 100000] in blocks of 1024, the last one shorter.
+  CHECK(bootstrap_block_lengths(length_bucket_edges(100000)).back() == 1024);
+  const auto e4k = length_bucket_edges(4096);  // 0, 64, 128, ..., 4096
+  CHECK(bootstrap_block_length(e4k) == 8);
+  CHECK(bootstrap_block_lengths(e4k) == std::vector<int64_t>{8, 8, 16, 32, 64, 64, 64});
+  CHECK(bootstrap_block_lengths(length_bucket_edges(5)) == std::vector<int64_t>{1});
+  for (const auto& edges : {e128k, e4k, length_bucket_edges(1025), length_bucket_edges(300)}) {
+    const std::vector<int64_t> L = bootstrap_block_lengths(edges);
+    for (std::size_t k = 0; k < L.size(); ++k) {
+      CAPTURE(edges[k + 1]);
+      CHECK(L[k] % bootstrap_block_length(edges) == 0);       // runs of stored blocks
+      CHECK(edges[k] % bootstrap_block_length(edges) == 0);   // that start at the bucket's start
+    }
+  }
 }
 
 TEST_CASE("block bootstrap over books keeps them apart; NaN where undefined; the spreads") {

@@ -248,8 +248,11 @@ def test_cpp_results_match_the_schema(tmp_path):
     with h5py.File(path, "r") as f:
         a = f.attrs
         assert a["schema"] == "replayssm-kl-sweep" and a["schema_version"] == 2 and a["complete"] == 1
-        block = int(a["bootstrap_block_length"])
-        assert block == max(1, int(length_bucket_edges(int(a["n_positions"]))[1]) // 8)
+        block = int(a["bootstrap_base_block_length"])
+        e = int(length_bucket_edges(int(a["n_positions"]))[1])
+        assert block == max(1, e // 8)
+        sizes = np.diff(length_bucket_edges(int(a["n_positions"])))
+        np.testing.assert_array_equal(f["bootstrap_block_length"][:], np.clip(sizes // 8 // block * block, block, e))
         assert a["bootstrap_resamples"] == 1000
         n, nb = int(a["n_positions"]), int(a["n_books"])
         for key in ["toolkit_version", "git_commit", "created", "command_line", "model_description", "model_hash",
@@ -279,7 +282,7 @@ def test_cpp_results_match_the_schema(tmp_path):
             np.testing.assert_allclose(g["bucket_mean"][:], bmean, rtol=1e-6, atol=1e-12)
             np.testing.assert_allclose(g["percentiles"][:], pct, rtol=1e-12)  # exact: same float32 values
             assert list(g["percentiles"].attrs["levels"]) == levels
-            check_v2_statistics(g, kl, edges, block, levels)
+            check_v2_statistics(g, kl, edges, block, f["bootstrap_block_length"][:], levels)
             nonfinite = (~np.isfinite(kl)).sum(1)
             np.testing.assert_array_equal(g["nonfinite_positions"][:], nonfinite)
             np.testing.assert_array_equal(g["finite_positions"][:] + nonfinite, np.full(nb, n))
@@ -300,23 +303,29 @@ def test_cpp_results_match_the_schema(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-def bootstrap_se(blocks_count, blocks_sum, bucket_of_block, rng, resamples=1000):
+def bootstrap_se(blocks_count, blocks_sum, edges, base, lengths, rng, resamples=1000):
     """An independent block bootstrap (numpy's generator, not the C++ stream) of sum / count over
-    [B, J] block sums, resampling within each (book, bucket) stratum; returns the SE."""
+    [B, J] base-block sums: each bucket k's base blocks joined into runs of lengths[k] / base, the
+    runs resampled within each (book, bucket) stratum; returns the SE."""
+    strata = []
+    for k in range(len(edges) - 1):
+        first, end, run = edges[k] // base, -(-edges[k + 1] // base), lengths[k] // base
+        starts = np.arange(first, end, run)
+        strata.append((np.add.reduceat(blocks_count[:, first:end], starts - first, axis=1),
+                       np.add.reduceat(blocks_sum[:, first:end], starts - first, axis=1)))
     reps = []
-    strata = [(b, np.nonzero(bucket_of_block == k)[0]) for b in range(blocks_count.shape[0])
-              for k in np.unique(bucket_of_block)]
     for _ in range(resamples):
         num = den = 0.0
-        for b, js in strata:
-            pick = rng.choice(js, size=js.size, replace=True)
-            num += blocks_sum[b, pick].sum()
-            den += blocks_count[b, pick].sum()
+        for counts, sums in strata:
+            for b in range(counts.shape[0]):
+                pick = rng.integers(0, counts.shape[1], size=counts.shape[1])
+                num += sums[b, pick].sum()
+                den += counts[b, pick].sum()
         reps.append(num / den)
     return np.std(reps, ddof=1)
 
 
-def check_v2_statistics(g, kl, edges, block, levels):
+def check_v2_statistics(g, kl, edges, block, lengths, levels):
     """The version-2 fields of a C++ result against numpy on the stored values: block sums against
     the per-position KL, per-bucket percentiles exactly, the perplexity ratio against the stored
     block sums, the spread over books by its formula and the bootstrap SE against an independent
@@ -349,8 +358,7 @@ def check_v2_statistics(g, kl, edges, block, levels):
         np.testing.assert_allclose(ag["mean_kl_book_se"][()], np.std(book_means, ddof=1) / np.sqrt(nb), rtol=1e-12)
     se = ag["mean_kl_se"][()]
     if count.sum() and np.isfinite(se):
-        bucket_of_block = np.searchsorted(edges[1:], starts + 1, side="left")
-        ours = bootstrap_se(count, kl_sum, bucket_of_block, np.random.default_rng(7))
+        ours = bootstrap_se(count, kl_sum, edges, block, lengths, np.random.default_rng(7))
         assert abs(se / ours - 1) < 0.2, (se, ours)
 
 

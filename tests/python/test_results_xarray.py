@@ -47,7 +47,7 @@ def test_named_dimensions_and_coordinates(tmp_path, text_dir):
             # the bootstrap's block sums: one column per block, named by its first position
             assert ds["block_kl_sum"].dims == ("book", "block")
             np.testing.assert_array_equal(ds["block_kl_sum"]["block"].values,
-                                          np.arange(0, 200, f.attrs["bootstrap_block_length"]))
+                                          np.arange(0, 200, f.attrs["bootstrap_base_block_length"]))
             agg = tree[f"configs/{name}/aggregate"].to_dataset()
             assert agg["bucket_mean"].dims == ("bucket",)
             np.testing.assert_array_equal(agg["bucket_mean"].values, f["configs"][name]["aggregate/bucket_mean"][:])
