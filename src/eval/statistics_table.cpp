@@ -47,10 +47,10 @@ std::string format_statistics_table(const std::vector<SummaryRow>& rows) {
   const std::vector<int64_t> lengths = bootstrap_block_lengths(rows.front().stats.edges);
   if (lengths.empty()) return out;
   out += fmt::format(
-      "± SE: block bootstrap over positions (blocks of {} to {} tokens, {} resamples, seed {:#x}); ± books: sd of\n"
-      "the per-book means / sqrt(books); ± seeds: the same over the SR seeds of one policy (- : one seed). p99 KL: 99th percentile\n"
-      "of the per-position KL; RMS dp: sqrt(mean (p_cfg - p_ref)^2) of the true next token; PPL ratio: PPL(config) /\n"
-      "PPL(reference). Per bucket and per book: the result file (docs/KL_SWEEP.md).\n",
+      "± SE: block bootstrap over positions (blocks of {} to {} tokens, {} resamples, seed {:#x});\n"
+      "± books: sd of the per-book means / sqrt(books); ± seeds: the same over the SR seeds of one policy (-: one seed).\n"
+      "p99 KL: 99th percentile of the per-position KL; RMS dp: sqrt(mean (p_cfg - p_ref)^2) of the true next token;\n"
+      "PPL ratio: PPL(config) / PPL(reference). Per bucket and per book: the result file (docs/KL_SWEEP.md).\n",
       *std::min_element(lengths.begin(), lengths.end()), *std::max_element(lengths.begin(), lengths.end()),
       kBootstrapResamples, kBootstrapSeed);
   return out;

@@ -12,9 +12,13 @@
 #include <cmath>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "eval/kl_metrics.h"
+#include "eval/statistics_table.h"
 #include "test_util.h"
 
+using namespace replayssm;
 using namespace replayssm::eval;
 
 namespace {
@@ -285,4 +289,37 @@ TEST_CASE("block bootstrap over books keeps them apart; NaN where undefined; the
   const double sd = std::sqrt(((1 - mu) * (1 - mu) + (2 - mu) * (2 - mu) + (4 - mu) * (4 - mu)) / 2);
   CHECK(spread_standard_error(means) == doctest::Approx(sd / std::sqrt(3.0)).epsilon(1e-15));
   CHECK(std::isnan(spread_standard_error(std::vector<double>{1.0})));
+}
+
+TEST_CASE("the statistics table: mean KL +- SE, spreads, p99, RMS dp, top-1 +- SE, PPL ratio +- SE in 120 columns") {
+  boost::random::mt19937_64 rng(replayssm::test::kBaseSeed + 104);
+  boost::random::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> v(4096);
+  for (auto& x : v) x = 0.002 + 0.0005 * normal(rng);
+  KlStats s = stats_of(v);
+  const BlockSums* one = &s.blocks;
+  s.se = block_bootstrap(std::span<const BlockSums* const>(&one, 1), s.edges);
+  s.mean_kl_book_se = 1.25e-4;
+  KlStats undefined(s.edges);  // nothing finite: every value '-'
+  const std::string name(34, 'p'), longer(40, 'q');
+  const std::string t = format_statistics_table({{name, s}, {longer, undefined}});
+  std::size_t line_start = 0;
+  int lines = 0;
+  while (line_start < t.size()) {
+    const std::size_t end = t.find('\n', line_start);
+    std::size_t columns = 0;  // code points: bytes that do not continue a UTF-8 sequence
+    for (std::size_t i = line_start; i < end; ++i) columns += (static_cast<unsigned char>(t[i]) & 0xC0) != 0x80;
+    CAPTURE(t.substr(line_start, end - line_start));
+    CHECK(columns <= 120);
+    line_start = end + 1;
+    ++lines;
+  }
+  CHECK(lines == 2 + 2 + 4);  // header, rule, two rows, four lines of notes
+  CHECK(test::contains(t, name + " "));
+  CHECK(test::contains(t, std::string(33, 'q') + "~"));  // cut, marked
+  CHECK(test::contains(t, fmt::format("{:.3g}±{:.2g}", s.mean_kl(), s.se.mean_kl)));
+  CHECK(test::contains(t, " 0.000125 "));  // the spread over books
+  CHECK(test::contains(t, "1.0000±0"));    // top-1: all agree, no spread
+  const std::string last_row = t.substr(t.find(std::string(33, 'q')));
+  CHECK(last_row.substr(0, last_row.find('\n')).find_first_not_of("q~ -") == std::string::npos);
 }
