@@ -301,6 +301,9 @@ def test_cpp_results_match_the_schema(tmp_path):
     assert r.returncode == 0, r.stderr
     r = run([PLOT, path, "--kind", "window", "-o", tmp_path / "cppw.png"])
     assert r.returncode == 0, r.stderr
+    r = run([PLOT, path, "--kind", "table", "--lengths", "64,600"])  # version 2: means ± their SE
+    assert r.returncode == 0, r.stderr
+    assert "±" in r.stdout and "block-bootstrap standard error" in r.stdout
 
 
 def bootstrap_se(blocks_count, blocks_sum, edges, base, lengths, rng, resamples=1000):
