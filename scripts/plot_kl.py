@@ -6,8 +6,10 @@
     python3 scripts/plot_kl.py results-table11.h5 --kind table            # RTN vs SR (table 11)
 
 KL vs length: mean KL over the positions of each length bucket ((512, 1K], (1K, 2K], ...), pooled
-over books, on log axes; separate-precision (split) configurations are solid blue-green lines,
-shared checkpoints dashed warm colours, conventional decode dotted grey. Non-finite positions
+over books, on log axes, with bands of +- 2 standard errors (block bootstrap over positions, stored
+in result files of schema version 2; older files are drawn without bands); separate-precision
+(split) configurations are solid blue-green lines, shared checkpoints dashed warm colours,
+conventional decode dotted grey, and the legend names only the styles drawn. Non-finite positions
 (NaN/Inf, e.g. an overflowed RTN state) are left out of the means and counted in the legend.
 
 The work is done by the replayssm_py package (results, plot, tables), which

@@ -1,8 +1,10 @@
 // Per-position comparison of two next-token distributions on the GPU, the twin of
 // eval::compare_positions (src/eval/kl_metrics.h): KL(p_ref || p_cfg), top-1 agreement, delta-p
-// at the target and the non-finite bookkeeping, in double, from raw logits or log-prob rows (each
-// row is renormalised in double first, so both give the same distribution). Only the per-position
-// results come back to the host (issue 10 "KL on the GPU").
+// and the log-probabilities log p_ref, log p_cfg of the target (the perplexity ratio's terms), and
+// the non-finite bookkeeping, in double, from raw logits or log-prob rows (each row is renormalised
+// in double first, so both give the same distribution). Only the per-position results come back to
+// the host (issue 10 "KL on the GPU"): the row sums and the target's two values, from which
+// eval::finish_position evaluates every field with the CPU's own formulas.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -1,9 +1,11 @@
 """Figures from a loaded result file (replayssm_py.results.load_results), with matplotlib.
 
-KL vs length: mean KL over the positions of each length bucket, pooled over books, on log axes;
+KL vs length: mean KL over the positions of each length bucket, pooled over books, on log axes,
+with bands of +- 2 standard errors (block bootstrap over positions; result files of version 2);
 separate-precision (split) configurations are solid blue-green lines, shared checkpoints dashed warm
-colours, conventional decode dotted grey. Non-finite positions (NaN/Inf, e.g. an overflowed RTN
-state) are left out of the means and counted in the legend.
+colours, conventional decode dotted grey; the legend names only the styles drawn. Non-finite
+positions (NaN/Inf, e.g. an overflowed RTN state) are left out of the means and counted in the
+legend.
 """
 import numpy as np
 
@@ -77,8 +79,26 @@ def legend_label(c):
     return label
 
 
+def _band(ax, x, y, se, colour):
+    """y +- 2 se as a shaded band where the standard error is known; on the log axis a lower edge at or
+    below 0 is drawn at 1% of the mean (the interval reaches 0 there). Returns whether it drew."""
+    se = np.asarray(se, dtype=float)
+    ok = np.isfinite(y) & np.isfinite(se)
+    if not ok.any():
+        return False
+    lo = np.where(ok, np.maximum(y - 2 * se, 0.01 * y), np.nan)
+    hi = np.where(ok, y + 2 * se, np.nan)
+    ax.fill_between(x, lo, hi, color=colour, alpha=0.15, linewidth=0)
+    return True
+
+
+_SCHEME_STYLE = {"split": "solid: separate precisions (split)", "shared": "dashed: shared checkpoint",
+                 "conv": "dotted: conventional"}
+
+
 def plot_kl_vs_length(results, ax=None, configs=None, title=None):
-    """KL vs length (log-log), one curve per configuration. Returns the matplotlib Figure."""
+    """KL vs length (log-log), one curve per configuration with a band of +- 2 standard errors (block
+    bootstrap over positions, version-2 files). Returns the matplotlib Figure."""
     import matplotlib.pyplot as plt
 
     chosen = select(results, configs)
@@ -87,10 +107,12 @@ def plot_kl_vs_length(results, ax=None, configs=None, title=None):
     else:
         fig = ax.figure
     x = _x_of(results["edges"])
+    banded = overflowed = False
     for c, st in zip(chosen, _styles(chosen)):
         y = np.asarray(c["bucket_mean"], dtype=float)
         y = np.where(y > 0, y, np.nan)
         ax.plot(x, y, label=legend_label(c), **st)
+        banded |= _band(ax, x, y, c.get("bucket_mean_se", np.full(len(x), np.nan)), st["color"])
         # Where every position of a bucket is non-finite (an overflowed state) the curve stops: an
         # 'x' on its last finite point marks that.
         empty = np.nonzero(np.asarray(c["bucket_count"]) == 0)[0]
@@ -99,6 +121,7 @@ def plot_kl_vs_length(results, ax=None, configs=None, title=None):
             last = finite[finite < empty[0]][-1]
             ax.plot([x[last]], [y[last]], linestyle="none", marker="x", color=st["color"], markersize=10,
                     markeredgewidth=2)
+            overflowed = True
     _length_axis(ax, x)
     ax.set_xlabel("sequence length (tokens): mean over the positions of each bucket (previous edge, edge]")
     ax.set_ylabel(r"$D_{KL}(p_{FP32} \,\|\, p_{config})$")
@@ -106,15 +129,24 @@ def plot_kl_vs_length(results, ax=None, configs=None, title=None):
     ax.set_title(title or f"Teacher-forced KL vs FP32 conventional decode — {a.get('model_description', '')}\n"
                           f"{len(results['books'])} books, N = {results['n_positions']}", fontsize=11)
     ax.grid(True, which="both", alpha=0.3)
+    # The legend explains only what is drawn.
+    drawn = [s for s in ("split", "shared", "conv") if any(c["info"]["scheme"] == s for c in chosen)]
+    notes = ["    ".join(_SCHEME_STYLE[s] for s in drawn)]
+    if banded:
+        blocks = results.get("bootstrap_block_length")
+        notes.append("bands: ± 2 standard errors (block bootstrap over positions"
+                     + (f", blocks of {min(blocks)}-{max(blocks)} tokens)" if blocks is not None else ")"))
+    if overflowed:
+        notes.append("x: the state overflowed (NaN/Inf) after this point")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False,
-              title="solid: separate precisions (split)    dashed: shared checkpoint    dotted: conventional;"
-                    "  x: the state overflowed (NaN/Inf) after this point", title_fontsize=8)
+              title=";  ".join(n for n in notes if n), title_fontsize=8)
     return fig
 
 
 def plot_window_sweep(results, configs=None, title=None):
     """Window sweep (paper fig. 13): left, KL vs length per (family, L); right, mean KL of the
-    longest bucket against L per family (split solid, shared dashed). Returns the Figure."""
+    longest bucket against L per family (split solid, shared dashed); bands and bars +- 2 standard
+    errors where the file has them. Returns the Figure."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -142,6 +174,7 @@ def plot_window_sweep(results, configs=None, title=None):
             colour = "0.4" if c["info"]["scheme"] == "conv" else wcol.get(c["info"]["window"], "k")
             ax0.plot(x, np.where(y > 0, y, np.nan), color=colour, markersize=3,
                      linewidth=1.5, **famstyle[fam])
+            _band(ax0, x, np.where(y > 0, y, np.nan), c.get("bucket_mean_se", np.full(len(x), np.nan)), colour)
     _length_axis(ax0, x)
     ax0.set_xlabel("sequence length (tokens)")
     ax0.set_ylabel(r"$D_{KL}(p_{FP32} \,\|\, p_{config})$")
@@ -163,8 +196,10 @@ def plot_window_sweep(results, configs=None, title=None):
             continue
         Ls = [c["info"]["window"] for c in cs]
         ys = [c["bucket_mean"][last] if c["bucket_count"][last] else np.nan for c in cs]
-        ax1.plot(Ls, [y if y and y > 0 else np.nan for y in ys], color=famcolour[fam], markersize=6, linewidth=2,
-                 label=family_name(fam), **famstyle[fam])
+        ses = [2 * c.get("bucket_mean_se", np.full(last + 1, np.nan))[last] for c in cs]
+        ax1.errorbar(Ls, [y if y and y > 0 else np.nan for y in ys],
+                     yerr=None if np.isnan(ses).all() else np.nan_to_num(ses), color=famcolour[fam], markersize=6,
+                     linewidth=2, capsize=3, label=family_name(fam), **famstyle[fam])
     ax1.set_xscale("log", base=2)
     ax1.set_yscale("log")
     ax1.set_xticks(windows)

@@ -1,13 +1,17 @@
-"""Reading `replayssm kl-sweep` result files (HDF5 schema "replayssm-kl-sweep", version 1, in
-docs/KL_SWEEP.md and src/io/hdf5_results.h) into plain Python and numpy objects, and naming the
-precision policies they hold."""
+"""Reading `replayssm kl-sweep` result files (HDF5 schema "replayssm-kl-sweep", versions 1 and 2, in
+docs/KL_SWEEP.md and src/eval/results_file.h) into plain Python and numpy objects, and naming the
+precision policies they hold. Version 2 added the uncertainty statistics (standard errors, spreads
+over books and seeds, p99.9, RMS delta-p, perplexity ratio); read from a version-1 file they are
+NaN."""
 import json
 import re
 
 import numpy as np
 
 SCHEMA = "replayssm-kl-sweep"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+OLDEST_SCHEMA_VERSION = 1  # still read: the v2 statistics come back as NaN
+PERCENTILE_LEVELS = (50.0, 90.0, 99.0, 99.9, 100.0)
 
 
 def _s(x):
@@ -23,10 +27,15 @@ def _attr(v):
 def load_results(path):
     """Reads a result file.
 
-    Returns a dict with: path, attrs (root attributes), edges (int64 [K+1]), books (names),
-    text_fnv1a64 (per book, the stripped-text hash), n_positions, configs: a list in sweep order of
-    dicts with name (group), policy, config (parsed JSON), info (parse_policy), and the aggregate and
-    per-book arrays (kl itself is not loaded: f["configs"][name]["kl"]).
+    Returns a dict with: path, attrs (root attributes), schema_version, edges (int64 [K+1]),
+    bootstrap_block_length (int64 [K]: each bucket's bootstrap block; None in version 1), books
+    (names), text_fnv1a64 (per book, the stripped-text hash), n_positions, percentile_levels, configs:
+    a list in sweep order of dicts with name (group), policy, config (parsed JSON), info
+    (parse_policy), seed_group (the configurations of this policy under other SR seeds, itself
+    included; empty when one), and the aggregate and per-book (book_*) arrays (kl itself is not
+    loaded: f["configs"][name]["kl"]). percentiles always has the five levels (p99.9 NaN in a
+    version-1 file); the version-2 statistics (bucket_mean_se, mean_kl_se, ppl_ratio, ...) are NaN
+    in a version-1 file.
     Raises ValueError for a file of another schema or version, unfinished or missing a part.
     """
     import h5py
@@ -41,6 +50,21 @@ _AGGREGATE_ARRAYS = ("bucket_mean", "bucket_count", "percentiles")
 _AGGREGATE_SCALARS = {"mean_kl": float, "top1": float, "delta_p": float, "positions": int,
                       "nonfinite_positions": int, "nonfinite_values": int}
 _PER_BOOK_ARRAYS = ("bucket_mean", "nonfinite_positions")
+# Added in version 2: read when present, else NaN of the same shape ("bucket" arrays [K], scalars).
+_V2_AGGREGATE_BUCKET_ARRAYS = ("bucket_mean_se", "bucket_top1", "bucket_top1_se", "bucket_rms_delta_p",
+                               "bucket_ppl_ratio", "bucket_ppl_ratio_se", "bucket_mean_book_se",
+                               "bucket_mean_seed_se")
+_V2_AGGREGATE_SCALARS = ("mean_kl_se", "top1_se", "rms_delta_p", "ppl_ratio", "ppl_ratio_se", "ppl", "ref_ppl",
+                         "mean_kl_book_se", "mean_kl_seed_se")
+
+
+def _percentiles_v2(values):
+    """A percentiles array (last axis = levels) in the version-2 levels: a version-1 array
+    [p50, p90, p99, max] gets NaN for p99.9."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape[-1] == len(PERCENTILE_LEVELS):
+        return values
+    return np.insert(values, 3, np.nan, axis=-1)
 
 
 def _need(group, name, path):
@@ -57,8 +81,9 @@ def _read(f, path):
     if schema != SCHEMA:
         raise ValueError(f"{path}: not a replayssm kl-sweep result file (schema {schema!r})")
     version = int(f.attrs.get("schema_version", 0))
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema_version {version}, this reader knows {SCHEMA_VERSION}")
+    if not OLDEST_SCHEMA_VERSION <= version <= SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {version}, this reader knows {OLDEST_SCHEMA_VERSION} to "
+                         f"{SCHEMA_VERSION}")
     if int(f.attrs.get("complete", 0)) != 1:
         raise ValueError(f"{path}: attribute complete is not 1: the sweep that wrote it did not finish")
     attrs = {k: _attr(v) for k, v in f.attrs.items()}
@@ -76,11 +101,25 @@ def _read(f, path):
         c = {"name": name, "policy": policy, "config": json.loads(_s(g.attrs.get("config", "{}"))),
              "info": parse_policy(policy)}
         c.update({k: _need(a, k, path)[:] for k in _AGGREGATE_ARRAYS})
+        c["percentiles"] = _percentiles_v2(c["percentiles"])
         c.update({k: convert(_need(a, k, path)[()]) for k, convert in _AGGREGATE_SCALARS.items()})
         c.update({f"book_{k}": _need(g, k, path)[:] for k in _PER_BOOK_ARRAYS})
+        K, B = len(edges) - 1, len(books)
+        v2 = version >= 2
+        c.update({k: _need(a, k, path)[:] if v2 else np.full(K, np.nan) for k in _V2_AGGREGATE_BUCKET_ARRAYS})
+        c.update({k: float(_need(a, k, path)[()]) if v2 else float("nan") for k in _V2_AGGREGATE_SCALARS})
+        c["bucket_percentiles"] = (_need(a, "bucket_percentiles", path)[:] if v2
+                                   else np.full((K, len(PERCENTILE_LEVELS)), np.nan))
+        c["book_bucket_mean_se"] = _need(g, "bucket_mean_se", path)[:] if v2 else np.full((B, K), np.nan)
+        c["book_mean_kl"] = _need(g, "mean_kl", path)[:]
+        c["book_mean_kl_se"] = _need(g, "mean_kl_se", path)[:] if v2 else np.full(B, np.nan)
+        c["seed_group"] = json.loads(_s(a.attrs["seed_group"])) if "seed_group" in a.attrs else []
         configs.append(c)
-    return {"path": str(path), "attrs": attrs, "edges": edges, "books": books, "text_fnv1a64": hashes,
-            "n_positions": int(attrs.get("n_positions", edges[-1])), "configs": configs}
+    blocks = f["bootstrap_block_length"][:] if "bootstrap_block_length" in f else None
+    return {"path": str(path), "attrs": attrs, "schema_version": version, "edges": edges, "books": books,
+            "bootstrap_block_length": blocks,
+            "text_fnv1a64": hashes, "n_positions": int(attrs.get("n_positions", edges[-1])),
+            "percentile_levels": PERCENTILE_LEVELS, "configs": configs}
 
 
 _POLICY = re.compile(r"^(?P<scheme>conv|conventional|shared|split):(?P<fmts>[^@,]+)(?:@(?P<window>\d+))?"

@@ -1,6 +1,7 @@
 """The paper's table 11 form from a loaded result file (replayssm_py.results.load_results): mean KL
-in the buckets ending at given lengths, RTN and SR variants of each configuration next to each
-other, with non-finite counts."""
+in the buckets ending at given lengths (± the block-bootstrap standard error where the file has it,
+schema version 2), RTN and SR variants of each configuration next to each other, with non-finite
+counts."""
 import numpy as np
 
 from .results import length_label, select
@@ -10,8 +11,8 @@ DEFAULT_LENGTHS = (1024, 16384, 65536, 131072)
 
 def rtn_vs_sr_table(results, lengths=DEFAULT_LENGTHS, configs=None):
     """(column labels, rows); each row a dict with the policy, per-length cells (None where the run is
-    shorter, else kl / nonfinite / size: a bucket whose positions were all non-finite has kl nan) and
-    the non-finite totals."""
+    shorter, else kl / se / nonfinite / size: a bucket whose positions were all non-finite has kl nan;
+    se is nan in a version-1 file) and the non-finite totals."""
     edges = results["edges"]
     nb = len(results["books"])
 
@@ -31,8 +32,9 @@ def rtn_vs_sr_table(results, lengths=DEFAULT_LENGTHS, configs=None):
                 continue
             k = int(hit[0])
             size = (edges[k + 1] - edges[k]) * nb
-            cells.append({"kl": float(c["bucket_mean"][k]), "nonfinite": int(size - c["bucket_count"][k]),
-                          "size": int(size)})
+            se = c.get("bucket_mean_se")
+            cells.append({"kl": float(c["bucket_mean"][k]), "se": float(se[k]) if se is not None else float("nan"),
+                          "nonfinite": int(size - c["bucket_count"][k]), "size": int(size)})
         rows.append({"policy": c["policy"], "cells": cells, "nonfinite_positions": c["nonfinite_positions"],
                      "nonfinite_values": c["nonfinite_values"], "positions": c["positions"]})
     return [length_label(L) for L in lengths], rows
@@ -46,15 +48,20 @@ def format_table(columns, rows):
         if x["nonfinite"] == x["size"]:
             return "NaN/Inf"
         s = f"{x['kl']:.3g}"
+        if np.isfinite(x.get("se", np.nan)):
+            s += f"±{x['se']:.2g}"
         return s + "*" if x["nonfinite"] else s
 
+    with_se = any(x is not None and np.isfinite(x.get("se", np.nan)) for r in rows for x in r["cells"])
+    cw = 17 if with_se else 10
     w = max([len("configuration")] + [len(r["policy"]) for r in rows])
-    head = f"{'configuration':<{w}}" + "".join(f" {'KL@' + c:>10}" for c in columns) + f" {'non-finite':>16}"
+    head = f"{'configuration':<{w}}" + "".join(f" {'KL@' + c:>{cw}}" for c in columns) + f" {'non-finite':>16}"
     lines = [head, "-" * len(head)]
     for r in rows:
         nf = f"{r['nonfinite_positions']}/{r['positions']}"
-        lines.append(f"{r['policy']:<{w}}" + "".join(f" {cell(x):>10}" for x in r["cells"]) + f" {nf:>16}")
-    lines.append("KL@X: mean KL over the positions in the bucket ending at length X (pooled over books); "
+        lines.append(f"{r['policy']:<{w}}" + "".join(f" {cell(x):>{cw}}" for x in r["cells"]) + f" {nf:>16}")
+    lines.append("KL@X: mean KL over the positions in the bucket ending at length X (pooled over books)"
+                 + (", ± its block-bootstrap standard error" if with_se else "") + "; "
                  "n/a: run shorter than X; NaN/Inf: every position of the bucket non-finite; "
                  "*: some positions non-finite (left out of the mean). non-finite: positions/all positions.")
     return "\n".join(lines)

@@ -30,6 +30,7 @@
 #include "cli/engine_choice.h"
 #include "eval/kl_sweep.h"
 #include "eval/policy_set.h"
+#include "eval/statistics_table.h"
 #include "io/text_source.h"
 #include "model/teacher_forced_model.h"
 
@@ -595,7 +596,7 @@ void run_sweep(const KlSweepOptions& o, const Processes& procs) {
   const std::unique_ptr<eval::SweepEngine> engine = make_engine(*lm, o.engine, threads, o.chunk, info, "kl-sweep");
   const eval::SweepOutcome r = eval::run_kl_sweep(*engine, books, so);
   if (!lead) return;
-  std::cout << eval::format_summary_table(r.rows);
+  std::cout << eval::format_summary_table(r.rows) << "\n" << eval::format_statistics_table(r.rows);
   std::cout << fmt::format("results: {} ({} cells: {} computed now, {} from an earlier run; {})\n", r.path,
                            r.cells_total, r.cells_run, r.cells_resumed, eval::human_duration(r.seconds));
 }

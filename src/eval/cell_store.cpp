@@ -285,10 +285,76 @@ void CellStore::write(std::size_t config, std::size_t book, CellRecord cell) {
   done_[config][book] = 1;
 }
 
+namespace {
+
+// The configurations that differ only by their SR seed (",seed=N"), as lists of indices into
+// `policies` with at least two members; a name that is not a policy (the compute noise floor) is
+// in no group.
+std::vector<std::vector<std::size_t>> seed_groups(const std::vector<std::string>& policies) {
+  std::vector<std::string> base(policies.size());
+  for (std::size_t c = 0; c < policies.size(); ++c) {
+    try {
+      PrecisionPolicy p = PrecisionPolicy::parse(policies[c]);
+      p.seed = 0;
+      base[c] = p.to_string();
+    } catch (const std::invalid_argument&) {
+      base[c].clear();
+    }
+  }
+  std::vector<std::vector<std::size_t>> groups;
+  std::vector<uint8_t> taken(policies.size(), 0);
+  for (std::size_t c = 0; c < policies.size(); ++c) {
+    if (taken[c] || base[c].empty()) continue;
+    std::vector<std::size_t> g;
+    for (std::size_t d = c; d < policies.size(); ++d)
+      if (!taken[d] && base[d] == base[c]) g.push_back(d), taken[d] = 1;
+    if (g.size() >= 2) groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+// The spread over books of the per-book means, overall and per bucket (books' strata kept apart).
+void set_book_spread(KlStats& agg, const std::vector<KlStats>& per_book) {
+  std::vector<double> means;
+  for (const KlStats& s : per_book) means.push_back(s.mean_kl());
+  agg.mean_kl_book_se = spread_standard_error(means);
+  for (std::size_t k = 0; k < agg.bucket_mean_book_se.size(); ++k) {
+    means.clear();
+    for (const KlStats& s : per_book) means.push_back(s.bucket_mean()[k]);
+    agg.bucket_mean_book_se[k] = spread_standard_error(means);
+  }
+}
+
+}  // namespace
+
 std::vector<SummaryRow> CellStore::merge(ResultsMetadata meta, const std::vector<ResultsBook>& books,
                                          const std::vector<std::string>& config_jsons) {
   const std::size_t B = books_.size(), C = policies_.size();
   const std::vector<int64_t> edges = length_bucket_edges(n_);
+  const std::size_t K = edges.size() - 1;
+  // Pass 1, the sums only: each configuration's pooled means, for the spread over SR seeds.
+  std::vector<KlStats> pooled(C, KlStats(edges));
+  for (std::size_t c = 0; c < C; ++c)
+    for (std::size_t b = 0; b < B; ++b) pooled[c].merge(read_matching(c, b).stats);
+  std::vector<KlStats> seed_spread(C, KlStats(edges));
+  for (const std::vector<std::size_t>& group : seed_groups(policies_)) {
+    std::vector<double> means;
+    for (std::size_t c : group) means.push_back(pooled[c].mean_kl());
+    const double overall = spread_standard_error(means);
+    std::vector<double> per_bucket(K);
+    for (std::size_t k = 0; k < K; ++k) {
+      means.clear();
+      for (std::size_t c : group) means.push_back(pooled[c].bucket_mean()[k]);
+      per_bucket[k] = spread_standard_error(means);
+    }
+    for (std::size_t c : group) {
+      seed_spread[c].mean_kl_seed_se = overall;
+      seed_spread[c].bucket_mean_seed_se = per_bucket;
+      for (std::size_t d : group) seed_spread[c].seed_group.push_back(policies_[d]);
+    }
+  }
+  pooled.clear();
+
   ResultsWriter writer(out_.string(), meta, books, edges);
   std::set<std::string> versions, isas, devices;
   std::vector<SummaryRow> rows;
@@ -300,6 +366,7 @@ std::vector<SummaryRow> CellStore::merge(ResultsMetadata meta, const std::vector
     KlStats agg(edges);
     std::vector<float> all;
     all.reserve(B * static_cast<std::size_t>(n_));
+    std::vector<const BlockSums*> strata;
     ConfigAttributes attrs;
     attrs.policy = policies_[c];
     attrs.config_json = config_jsons.at(c);
@@ -307,6 +374,7 @@ std::vector<SummaryRow> CellStore::merge(ResultsMetadata meta, const std::vector
       per_book.push_back(cell.stats);
       agg.merge(cell.stats);
       all.insert(all.end(), cell.kl.begin(), cell.kl.end());
+      strata.push_back(&cell.stats.blocks);
       attrs.forward_seconds += cell.forward_seconds;
       attrs.kl_seconds += cell.kl_seconds;
       versions.insert(cell.toolkit_version);
@@ -314,7 +382,19 @@ std::vector<SummaryRow> CellStore::merge(ResultsMetadata meta, const std::vector
       devices.insert(cell.device.empty() ? "cpu" : cell.device);
     }
     agg.pct = percentiles(all);
+    // Bucket k over all books: positions [edges[k], edges[k + 1]) of every book's row.
+    for (std::size_t k = 0; k < K; ++k) {
+      std::vector<float> bucket;
+      for (const auto& cell : cells)
+        bucket.insert(bucket.end(), cell.kl.begin() + edges[k], cell.kl.begin() + edges[k + 1]);
+      agg.bucket_pct[k] = percentiles(bucket);
+    }
     all = {};
+    agg.se = block_bootstrap(strata, edges);
+    set_book_spread(agg, per_book);
+    agg.mean_kl_seed_se = seed_spread[c].mean_kl_seed_se;
+    agg.bucket_mean_seed_se = seed_spread[c].bucket_mean_seed_se;
+    agg.seed_group = seed_spread[c].seed_group;
     attrs.toolkit_version = cells.empty() ? meta.toolkit_version : cells.front().toolkit_version;
     writer.add_config(attrs, per_book, agg, [&cells](std::size_t b) { return cells[b].kl; });
     rows.push_back({attrs.policy, agg});

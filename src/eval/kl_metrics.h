@@ -30,6 +30,7 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <Eigen/Dense>
@@ -51,7 +52,11 @@ int bucket_of(const std::vector<int64_t>& edges, int64_t length);
 struct PositionResult {
   double kl = 0.0;            // NaN or +Inf when not finite
   double delta_p = 0.0;       // p_cfg(target) - p_ref(target)
-  bool has_target = false;    // false when target < 0 (no next token known; delta_p unset)
+  // log p_ref(target), log p_cfg(target) (renormalised rows, natural log): the perplexity ratio's
+  // terms. -Inf where the row gives the target probability 0; unset (0) without a target or when
+  // the position is not finite.
+  double ref_logp_target = 0.0, cfg_logp_target = 0.0;
+  bool has_target = false;    // false when target < 0 (no next token known; delta_p and logp unset)
   bool top1_agree = false;    // argmax p_ref == argmax p_cfg (first index on ties)
   bool finite = true;         // false: counted as non-finite and excluded from the statistics
   bool ref_finite = true;     // false when the reference row holds NaN or +Inf
@@ -75,10 +80,58 @@ PositionResult finish_position(const kl::RowSums& sums);
 // Percentiles of the finite values (numpy's default "linear" method, so np.percentile of the
 // stored float32 values reproduces them exactly); all NaN when there is no finite value.
 struct Percentiles {
-  static constexpr std::array<double, 4> kLevels = {50.0, 90.0, 99.0, 100.0};  // p50 p90 p99 max
-  std::array<double, 4> value{};
+  static constexpr std::array<double, 5> kLevels = {50.0, 90.0, 99.0, 99.9, 100.0};  // p50 p90 p99 p99.9 max
+  std::array<double, 5> value{};
 };
 Percentiles percentiles(std::span<const float> values);
+
+// ---- uncertainty -------------------------------------------------------------------------------
+// Neighbouring positions share the state's error, so their KLs are correlated: standard errors come
+// from a block bootstrap over positions (non-overlapping blocks, Carlstein 1986). Each bucket is cut
+// into blocks of bootstrap_block_lengths(edges)[k] = min(e, its size / 8) positions (at least b),
+// e the first bucket edge: for runs of 64K positions and more 128 positions up to 2K, then 256, 512
+// and 1024 from (8K, 16K] on, so every bucket holds >= 8 blocks per book and the long buckets'
+// blocks outlast the correlation (measured on the bundled models' 128K results: the batch-means SE
+// is 1.15-1.38x the iid formula at 128-position blocks, 1.20-1.42x at 1024 and 4096). The cells
+// store sums over base blocks of b = bootstrap_block_length(edges) = e / 8 positions [j b, (j + 1) b)
+// (the last may be shorter); b divides every bucket edge but N and every bucket's block length, so
+// a bucket's blocks are runs of base blocks.
+inline constexpr int kBootstrapResamples = 1000;
+inline constexpr uint64_t kBootstrapSeed = 0x5EEDB0075u;  // recorded in every result file
+int64_t bootstrap_block_length(const std::vector<int64_t>& edges);
+std::vector<int64_t> bootstrap_block_lengths(const std::vector<int64_t>& edges);
+
+// Per-block sums of one (configuration, book) cell, from which every bootstrap replicate is built.
+struct BlockSums {
+  int64_t block_length = 1;
+  std::vector<int64_t> count;          // finite positions
+  std::vector<double> kl_sum;          // their KL
+  std::vector<int64_t> top1_agree;     // of which the argmaxes agree
+  std::vector<int64_t> target_count;   // finite positions with a known next token
+  std::vector<double> logratio_sum;    // their log p_ref(target) - log p_cfg(target)
+  std::size_t size() const { return count.size(); }
+};
+
+// Standard errors of the mean KL, the top-1 agreement and the perplexity ratio, overall and per
+// bucket; NaN where not defined (fewer than 2 blocks, or fewer than 2 replicates with a value).
+struct StandardErrors {
+  double mean_kl, top1, ppl_ratio;
+  std::vector<double> bucket_mean, bucket_top1, bucket_ppl_ratio;  // [K]
+  explicit StandardErrors(std::size_t buckets = 0);
+};
+
+// Block bootstrap over the blocks of every stratum (one BlockSums per book): a replicate draws, in
+// each stratum and each bucket, as many of that stratum's blocks of the bucket (runs of base blocks,
+// bootstrap_block_lengths) as it has, with replacement, and pools them; each statistic is a ratio of pooled sums (mean KL = sum KL / count,
+// ppl ratio = exp(sum logratio / targets)); SE = the replicates' standard deviation (n - 1). The
+// draws come from one splitmix64 stream seeded with `seed`, in a fixed order, so the same blocks
+// give the same SEs. Throws std::invalid_argument when a stratum's blocks do not match the edges.
+StandardErrors block_bootstrap(std::span<const BlockSums* const> strata, const std::vector<int64_t>& edges,
+                               int resamples = kBootstrapResamples, uint64_t seed = kBootstrapSeed);
+
+// The spread of independent estimates (books, or SR seeds of one policy) as the standard error of
+// their mean: sd(values, n - 1) / sqrt(n) over the finite values; NaN with fewer than 2.
+double spread_standard_error(std::span<const double> values);
 
 // Statistics of one (book, configuration) cell or of several merged.
 struct KlStats {
@@ -93,7 +146,27 @@ struct KlStats {
   int64_t top1_agree = 0;              // finite positions whose argmaxes agree
   int64_t delta_p_count = 0;           // finite positions with a known next token
   double kl_sum = 0.0, delta_p_sum = 0.0;
-  Percentiles pct;                     // set by finish()/merged by recomputation, not by merge()
+  double delta_p_sq_sum = 0.0;         // sum of delta_p^2 (RMS delta-p)
+  double logratio_sum = 0.0;           // sum of log p_ref(target) - log p_cfg(target) (perplexity ratio)
+  double ref_nll_sum = 0.0;            // sum of -log p_ref(target) (the reference's perplexity)
+  // Per bucket, over the finite positions (with a known next token for the last three).
+  std::vector<int64_t> bucket_top1_agree, bucket_target_count;
+  std::vector<double> bucket_delta_p_sq_sum, bucket_logratio_sum;
+  // False only for statistics read from a version-1 result file, which stored no per-bucket top-1:
+  // bucket_top1() is then NaN. (Its other missing sums read as NaN.)
+  bool bucket_top1_known = true;
+  BlockSums blocks;                    // filled by add(); not merged (strata stay apart: block_bootstrap)
+  // Set by CellAccumulator::finish / the merge (recomputed from stored values), not by merge():
+  Percentiles pct;                     // over all positions
+  std::vector<Percentiles> bucket_pct; // per bucket
+  StandardErrors se;                   // block bootstrap
+  // Aggregates only: the spread of the per-book means (bucket and overall), and of the per-seed
+  // means when the sweep ran this policy under several SR seeds (seed_group: their names).
+  double mean_kl_book_se;
+  std::vector<double> bucket_mean_book_se;
+  double mean_kl_seed_se;
+  std::vector<double> bucket_mean_seed_se;
+  std::vector<std::string> seed_group;
 
   explicit KlStats(std::vector<int64_t> bucket_edges = {});
   void add(int64_t position, const PositionResult& r);
@@ -104,7 +177,16 @@ struct KlStats {
   double mean_kl() const;                 // NaN when no finite position
   double top1() const;                    // fraction of finite positions; NaN when none
   double mean_delta_p() const;            // NaN when none
+  double rms_delta_p() const;             // sqrt(mean delta_p^2); NaN when none
+  // exp(mean(-log p_cfg(target)) - mean(-log p_ref(target))); ppl() and ref_ppl() the two
+  // perplexities. NaN when no finite position has a target.
+  double ppl_ratio() const;
+  double ppl() const;
+  double ref_ppl() const;
   std::vector<double> bucket_mean() const;  // NaN for buckets without finite positions
+  std::vector<double> bucket_top1() const;
+  std::vector<double> bucket_rms_delta_p() const;
+  std::vector<double> bucket_ppl_ratio() const;
 };
 
 // Accumulates one (book, configuration) cell: n positions, added in any order of chunks. The

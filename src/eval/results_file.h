@@ -1,15 +1,17 @@
 // KL-sweep result files and sweep cell files: the HDF5 schema (written through io/hdf5.h).
 //
-// ---- Schema "replayssm-kl-sweep", version 1 (B books, N positions, K length buckets) -----------
+// ---- Schema "replayssm-kl-sweep", version 2 (B books, N positions, K length buckets, J blocks) --
 // /                         attributes (strings unless noted):
-//     schema = "replayssm-kl-sweep", schema_version (int64) = 1, complete (int64) = 1,
+//     schema = "replayssm-kl-sweep", schema_version (int64) = 2, complete (int64) = 1,
 //     toolkit_version, git_commit, host_isa (build_host_isa() of the builds that computed it),
 //     device (the devices that computed it: "cpu", or "cuda: <GPU name> (sm_XY), compute fp32"),
 //     created (UTC, ISO 8601), command_line,
 //     model_description, model_hash, model_dir, text_dir, tokens_dir, tokenizer, tokenization,
 //     reference_policy = "conv:fp32", n_positions (int64) = N, n_books (int64) = B,
 //     toolkit_versions_used (JSON array: every build that computed a part of the file),
-//     sweep (JSON: the identity of the sweep, compared when a sweep resumes, see cell_store.h)
+//     sweep (JSON: the identity of the sweep, compared when a sweep resumes, see cell_store.h),
+//     bootstrap_base_block_length, bootstrap_resamples, bootstrap_seed (int64: kl_metrics.h's bootstrap)
+// /bootstrap_block_length   int64 [K]: the block length each bucket is resampled in
 // /config_order             string [C]: the configuration group names in sweep order
 // /bucket_edges             int64 [K+1]: bucket k holds lengths (edges[k], edges[k+1]], where the
 //                           length of 0-based position t is t + 1
@@ -26,20 +28,29 @@
 //                           chunked (1, min(N, 65536)), shuffle + deflate 4
 //     the statistics of stat_fields() (one table in results_file.cpp drives the writer, the
 //     reader, the aggregate group and docs/KL_SWEEP.md's list, which a test compares with it):
-//       per book [B] or [B, width] (width K for bucket_*, 4 for percentiles), float64 or int64:
-//       bucket_mean, bucket_sum, bucket_count, mean_kl, top1, delta_p, percentiles (p50, p90, p99,
-//       max, numpy "linear", attribute levels = [50, 90, 99, 100]), positions, finite_positions,
-//       nonfinite_positions, ref_nonfinite_positions, nonfinite_values
-//     aggregate/            the same names without the book axis, pooled over every position of
-//                           every book (bucket_mean = bucket_sum / bucket_count over all books;
-//                           percentiles over all B*N stored values); scalars are scalar datasets
+//       per book [B], [B, K] (bucket_*), [B, 5] (percentiles: p50, p90, p99, p99.9, max, numpy
+//       "linear", attribute levels), [B, K, 5] (bucket_percentiles), float64 or int64: means,
+//       sums and counts, block-bootstrap standard errors (*_se), RMS delta-p, top-1, perplexity
+//       ratio and both perplexities, per bucket and overall
+//     block_count, block_kl_sum, block_top1_agree, block_target_count, block_logratio_sum
+//                           [B, J]: the bootstrap's per-block sums, from which the SEs are computed
+//     aggregate/            the same names without the book axis (and without blocks), pooled over
+//                           every position of every book (bucket_mean = bucket_sum / bucket_count
+//                           over all books; percentiles over all B*N stored values; SEs from the
+//                           bootstrap over every book's blocks, books as strata), plus the spreads
+//                           over books and over SR seeds (aggregate-only fields; attribute
+//                           seed_group); scalars are scalar datasets
+// Version 1 (no SEs, spreads, RMS delta-p, perplexities, per-bucket top-1 / percentiles or blocks;
+// percentiles [B, 4] without p99.9) is still read: what it lacks reads as NaN.
 // Non-finite values are counted, stored as computed and excluded from every mean.
 //
 // ---- Cell files "replayssm-kl-sweep-cell" (one (configuration, book) of an unfinished sweep) ----
 // attributes: schema, sweep_id, policy, book, config_index, book_index, forward_seconds,
-// kl_seconds, toolkit_version, host_isa, device, and the exact counters and sums of KlStats (positions,
-// finite_positions, ..., top1_agree, delta_p_count, kl_sum, delta_p_sum); datasets kl [N],
-// edges [K+1], bucket_sum [K], bucket_count [K], percentiles [4]. Merging cells is exact.
+// kl_seconds, toolkit_version, host_isa, device, block_length, and the exact counters and sums of
+// KlStats (positions, finite_positions, ..., top1_agree, delta_p_count, kl_sum, delta_p_sum,
+// delta_p_sq_sum, logratio_sum, ref_nll_sum); datasets kl [N], edges [K+1], the bucket sums and
+// counts [K], the block sums [J], percentiles [5], bucket_percentiles [K*5]. Merging cells is
+// exact; the per-book SEs are recomputed from the stored blocks when a cell is read.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -53,7 +64,8 @@
 namespace replayssm::eval {
 
 inline constexpr const char* kResultsSchema = "replayssm-kl-sweep";
-inline constexpr int64_t kResultsSchemaVersion = 1;
+inline constexpr int64_t kResultsSchemaVersion = 2;
+inline constexpr int64_t kOldestResultsSchemaVersion = 1;  // read_results_summary still reads version 1
 inline constexpr const char* kCellSchema = "replayssm-kl-sweep-cell";
 
 // Group name of a configuration: the policy string with '/' (HDF5's path separator) -> '|'.
@@ -61,11 +73,13 @@ std::string config_group_name(const std::string& policy);
 
 // One statistics dataset of a configuration group (see the schema above).
 struct StatField {
-  enum class Width { one, buckets, percentiles };
+  enum class Width { one, buckets, percentiles, bucket_percentiles };
   const char* name;
   bool integer;     // int64 (counts) or float64
-  Width width;      // per book: [B] (one), [B, K] (buckets) or [B, 4] (percentiles)
+  Width width;      // per book: [B] (one), [B, K] (buckets), [B, 5] (percentiles), [B, K, 5]
   const char* doc;
+  bool aggregate_only;    // only in aggregate/ (spreads over books and seeds)
+  int64_t since_version;  // the schema version that added it (absent from older files)
 };
 std::span<const StatField> stat_fields();
 

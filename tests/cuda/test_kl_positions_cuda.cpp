@@ -4,7 +4,8 @@
 // ties, NaN/+-Inf in either row, targets -1. Booleans and counts must be equal; kl and delta_p
 // within 1e-12 relative (+1e-300), delta_p of far rows within 1e-12 relative + 1e-13 (p_t + q_t)
 // (q - p of two probabilities with ~1e-15 relative summation-order differences); non-finite kl of
-// the same class. Also prints the achieved bandwidth beside a device-to-device copy's.
+// the same class; the target's log-probabilities (the perplexity ratio's terms) within 1e-12
+// absolute (relative beyond 1) of the CPU's, and the CPU's of a float64 log-softmax. Also prints the achieved bandwidth beside a device-to-device copy's.
 // Skips (exit 77) without a CUDA device.
 #include <doctest/doctest.h>
 
@@ -107,18 +108,35 @@ std::pair<double, double> target_probs(const float* r, const float* c, int64_t v
   return {prob(r), prob(c)};
 }
 
-std::string describe(const PositionResult& p) {
-  std::ostringstream s;
-  s.precision(17);
-  s << "kl " << p.kl << " delta_p " << p.delta_p << " has_target " << p.has_target << " top1 " << p.top1_agree
-    << " finite " << p.finite << " ref_finite " << p.ref_finite << " nonfinite_values " << p.nonfinite_values;
-  return s.str();
-}
-
 bool close_to(double got, double want, double allowed) {
   if (!std::isfinite(want)) return (std::isnan(want) && std::isnan(got)) || got == want;
   return std::isfinite(got) && std::abs(got - want) <= allowed;
 }
+
+// log p_ref(t) and log p_cfg(t) in double, directly in the log domain (x_t - max - log sum exp):
+// the float64 oracle of the perplexity terms.
+std::pair<double, double> target_logps(const float* r, const float* c, int64_t vocab, int32_t t) {
+  const auto logp = [&](const float* x) {
+    double m = -INFINITY, z = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) m = std::max(m, static_cast<double>(x[i]));
+    for (int64_t i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(x[i]) - m);
+    return (static_cast<double>(x[t]) - m) - std::log(z);
+  };
+  return {logp(r), logp(c)};
+}
+
+std::string describe(const PositionResult& p) {
+  std::ostringstream s;
+  s.precision(17);
+  s << "kl " << p.kl << " delta_p " << p.delta_p << " has_target " << p.has_target << " top1 " << p.top1_agree
+    << " finite " << p.finite << " ref_finite " << p.ref_finite << " nonfinite_values " << p.nonfinite_values
+    << " ref_logp_target " << p.ref_logp_target << " cfg_logp_target " << p.cfg_logp_target;
+  return s.str();
+}
+
+// A log-probability: the sums behind it differ by ~1e-15 relative between the twins (summation
+// order), so log W by ~1e-15 absolute; 1e-12 absolute (relative beyond |x| = 1) is ample.
+bool logp_close(double got, double want) { return close_to(got, want, 1e-12 * std::max(1.0, std::abs(want))); }
 
 // Every field of every row; the first mismatches are listed with both results. dp_prob_atol:
 // the delta_p allowance in units of p_t + q_t beyond 1e-12 relative (0: relative only).
@@ -142,7 +160,23 @@ void check_equal(const std::vector<PositionResult>& gpu, const std::vector<Posit
         ok = close_to(g.delta_p, c.delta_p, 1e-12 * std::abs(c.delta_p) + dp_prob_atol * (p + q) + 1e-300);
       }
     }
-    if (!ok && ++bad <= 5) report << "\n  row " << i << ":\n    gpu " << describe(g) << "\n    cpu " << describe(c);
+    // The target's log-probabilities (perplexity ratio): GPU against CPU, and the CPU against the
+    // float64 oracle where the position is finite (on non-finite positions both are unset, 0).
+    ok = ok && logp_close(g.ref_logp_target, c.ref_logp_target) && logp_close(g.cfg_logp_target, c.cfg_logp_target);
+    std::string oracle;
+    if (ok && c.finite && c.has_target) {
+      const auto [lp, lq] = target_logps(ref.row(static_cast<int64_t>(i)), cfg.row(static_cast<int64_t>(i)), ref.vocab,
+                                         targets[i]);
+      if (!logp_close(c.ref_logp_target, lp) || !logp_close(c.cfg_logp_target, lq)) {
+        ok = false;
+        std::ostringstream o;
+        o.precision(17);
+        o << "\n    float64 oracle: ref_logp_target " << lp << " cfg_logp_target " << lq;
+        oracle = o.str();
+      }
+    }
+    if (!ok && ++bad <= 5)
+      report << "\n  row " << i << ":\n    gpu " << describe(g) << "\n    cpu " << describe(c) << oracle;
   }
   INFO(what << ": " << bad << " of " << cpu.size() << " rows differ (max relative kl difference " << worst_kl << ")"
             << report.str());
@@ -200,7 +234,9 @@ TEST_CASE("random logit rows: every field equals the CPU twin's, in dense and pa
           int differ = 0;
           for (std::size_t i = 0; i < gpu.size(); ++i)
             differ += std::memcmp(&gpu[i].kl, &again[i].kl, sizeof(double)) != 0 ||
-                      std::memcmp(&gpu[i].delta_p, &again[i].delta_p, sizeof(double)) != 0;
+                      std::memcmp(&gpu[i].delta_p, &again[i].delta_p, sizeof(double)) != 0 ||
+                      std::memcmp(&gpu[i].ref_logp_target, &again[i].ref_logp_target, sizeof(double)) != 0 ||
+                      std::memcmp(&gpu[i].cfg_logp_target, &again[i].cfg_logp_target, sizeof(double)) != 0;
           CHECK(differ == 0);
         }
       }
@@ -235,6 +271,7 @@ TEST_CASE("near-identical rows: a KL of 1e-10 is resolved (1e-12 relative to the
         CHECK(cpu[static_cast<std::size_t>(i)].kl == 0.0);
         CHECK(g.delta_p == 0.0);
         CHECK(g.top1_agree);
+        CHECK(g.ref_logp_target == g.cfg_logp_target);  // perplexity ratio exactly 1
       } else if (i % 4 == 1) {  // KL ~ sigma^2 / 2 ~ 1e-10
         CHECK(g.kl > 1e-11);
         CHECK(g.kl < 1e-9);

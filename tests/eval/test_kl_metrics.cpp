@@ -164,7 +164,7 @@ TEST_CASE("non-finite rows are counted, stored and left out of every statistic; 
   int64_t total = 0;
   for (auto c : s.bucket_count) total += c;
   CHECK(total == n - 4);
-  CHECK(std::isfinite(s.pct.value[3]));
+  CHECK(std::isfinite(s.pct.value[4]));
 
   // Everything non-finite: statistics are NaN, counts are exact.
   LogProbRows nan_rows(3, V);
@@ -222,13 +222,14 @@ TEST_CASE("percentiles follow numpy's linear interpolation and skip non-finite v
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const std::vector<float> v = {5, 1, nan, 4, 2, inf, 3};
   const Percentiles p = percentiles(v);
-  // np.percentile([1, 2, 3, 4, 5], [50, 90, 99, 100]) = [3, 4.6, 4.96, 5]
+  // np.percentile([1, 2, 3, 4, 5], [50, 90, 99, 99.9, 100]) = [3, 4.6, 4.96, 4.996, 5]
   CHECK(p.value[0] == 3.0);
   CHECK(p.value[1] == doctest::Approx(4.6).epsilon(1e-15));
   CHECK(p.value[2] == doctest::Approx(4.96).epsilon(1e-15));
-  CHECK(p.value[3] == 5.0);
+  CHECK(p.value[3] == doctest::Approx(4.996).epsilon(1e-15));
+  CHECK(p.value[4] == 5.0);
   const std::vector<float> one = {2.5f};
-  CHECK(percentiles(one).value == std::array<double, 4>{2.5, 2.5, 2.5, 2.5});
+  CHECK(percentiles(one).value == std::array<double, 5>{2.5, 2.5, 2.5, 2.5, 2.5});
 }
 
 TEST_CASE("KlStats merge pools counts and sums") {

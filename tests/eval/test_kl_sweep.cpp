@@ -85,6 +85,57 @@ using replayssm::test::direct_kl;
 
 }  // namespace
 
+TEST_CASE("the spreads over books and SR seeds: configurations differing only by their seed form a group") {
+  const fs::path dir = fresh_dir("seeds");
+  TinySsmModel model({});
+  const int64_t N = 96;
+  const auto books = make_books(3, N + 1, model.vocab_size(), 13);
+  auto o = options(dir / "res.h5", N, {"shared:nvfp4+rtn"});
+  for (uint64_t seed : {0u, 1u, 2u}) {
+    ssm::PrecisionPolicy p = ssm::PrecisionPolicy::parse("shared:nvfp4+sr@4");
+    p.seed = seed;
+    o.policies.push_back(p);
+  }
+  const eval::SweepOutcome r = eval::run_kl_sweep(model, books, o);
+  REQUIRE(r.rows.size() == 4);
+  // RTN has no seeds: no group, no seed spread.
+  CHECK(r.rows[0].stats.seed_group.empty());
+  CHECK(std::isnan(r.rows[0].stats.mean_kl_seed_se));
+  std::vector<double> means;
+  for (std::size_t c = 1; c < 4; ++c) means.push_back(r.rows[c].stats.mean_kl());
+  const double mu = (means[0] + means[1] + means[2]) / 3;
+  double ss = 0;
+  for (double m : means) ss += (m - mu) * (m - mu);
+  const double seed_se = std::sqrt(ss / 2) / std::sqrt(3.0);
+  CHECK(seed_se > 0);  // three seeds, three realisations of the rounding noise
+  const std::vector<std::string> group = {"shared:nvfp4+sr@4", "shared:nvfp4+sr@4,seed=1", "shared:nvfp4+sr@4,seed=2"};
+  io::h5::Handle f = io::h5::open_file((dir / "res.h5").string());
+  for (std::size_t c = 1; c < 4; ++c) {
+    CAPTURE(c);
+    const eval::KlStats& s = r.rows[c].stats;
+    CHECK(s.seed_group == group);
+    CHECK(s.mean_kl_seed_se == doctest::Approx(seed_se).epsilon(1e-12));
+    // The spread over books, from the per-book means the file holds.
+    io::h5::Handle g = io::h5::open_group(f, "configs/" + eval::config_group_name(group[c - 1]));
+    const auto book_means = io::h5::read_dataset<double>(g, "mean_kl");
+    REQUIRE(book_means.size() == 3);
+    const double bm = (book_means[0] + book_means[1] + book_means[2]) / 3;
+    double bss = 0;
+    for (double m : book_means) bss += (m - bm) * (m - bm);
+    CHECK(io::h5::read_scalar<double>(g, "aggregate/mean_kl_book_se") ==
+          doctest::Approx(std::sqrt(bss / 2) / std::sqrt(3.0)).epsilon(1e-12));
+    CHECK(io::h5::read_scalar<double>(g, "aggregate/mean_kl_seed_se") == s.mean_kl_seed_se);
+    io::h5::Handle a = io::h5::open_group(g, "aggregate");
+    CHECK(nlohmann::json::parse(io::h5::read_attr_string(a, "seed_group")) == nlohmann::json(group));
+  }
+  // Read back (a finished sweep's summary): the same numbers.
+  const eval::ResultsSummary back = eval::read_results_summary((dir / "res.h5").string());
+  CHECK(back.configs[2].aggregate.seed_group == group);
+  CHECK(back.configs[2].aggregate.mean_kl_seed_se == r.rows[2].stats.mean_kl_seed_se);
+  CHECK(back.configs[2].aggregate.se.mean_kl == r.rows[2].stats.se.mean_kl);
+  CHECK(back.configs[2].aggregate.ppl_ratio() == doctest::Approx(r.rows[2].stats.ppl_ratio()).epsilon(1e-14));
+}
+
 TEST_CASE("a sweep writes the documented schema, and its KL is the model's KL computed directly") {
   const fs::path dir = fresh_dir("schema");
   TinySsmModel model({});
@@ -103,7 +154,7 @@ TEST_CASE("a sweep writes the documented schema, and its KL is the model's KL co
   // Read back with the C API.
   io::h5::Handle f = io::h5::open_file((dir / "res.h5").string());
   CHECK(io::h5::read_attr_string(f, "schema") == "replayssm-kl-sweep");
-  CHECK(io::h5::read_attr_int(f, "schema_version") == 1);
+  CHECK(io::h5::read_attr_int(f, "schema_version") == eval::kResultsSchemaVersion);
   CHECK(io::h5::read_attr_int(f, "complete") == 1);
   CHECK(io::h5::read_attr_int(f, "n_positions") == N);
   CHECK(io::h5::read_attr_int(f, "n_books") == 2);
@@ -142,7 +193,7 @@ TEST_CASE("a sweep writes the documented schema, and its KL is the model's KL co
     io::h5::read_dataset<double>(g, "bucket_mean", &dims);
     CHECK(dims == std::vector<hsize_t>{2, K});
     io::h5::read_dataset<double>(g, "percentiles", &dims);
-    CHECK(dims == std::vector<hsize_t>{2, 4});
+    CHECK(dims == std::vector<hsize_t>{2, 5});
     CHECK(io::h5::read_row(g, "kl", 1) == std::vector<float>(kl.begin() + N, kl.end()));
 
     // Direct computation from the model for book 1.
@@ -161,7 +212,7 @@ TEST_CASE("a sweep writes the documented schema, and its KL is the model's KL co
     CHECK(mean[1] == doctest::Approx(sum / N).epsilon(1e-9));
     CHECK(sum > 0);  // low-precision state does change the distributions
     const auto pct = io::h5::read_dataset<double>(g, "percentiles");
-    CHECK(pct[4 + 3] == doctest::Approx(max_kl).epsilon(1e-6));
+    CHECK(pct[5 + 4] == doctest::Approx(max_kl).epsilon(1e-6));
 
     // The aggregate pools both books.
     io::h5::Handle a = io::h5::open_group(g, "aggregate");

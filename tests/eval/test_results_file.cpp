@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "eval/results_file.h"
+#include "eval/statistics_table.h"
 #include "io/hdf5.h"
 #include "test_util.h"
 
@@ -76,11 +78,7 @@ Sample sample() {
 
 void write_sample(const std::string& path, const Sample& x) {
   ResultsWriter w(path, x.meta, x.books, x.edges);
-  ConfigAttributes a;
-  a.policy = "split:nvfp4+rtn/fp32@16";
-  a.config_json = R"({"window":16})";
-  a.toolkit_version = "v";
-  a.forward_seconds = 1.5;
+  const ConfigAttributes a{"split:nvfp4+rtn/fp32@16", R"({"window":16})", "v", 1.5, 0.0};
   w.add_config(a, {x.s0, x.s1}, x.agg, [&](std::size_t b) { return b == 0 ? x.k0 : x.k1; });
   w.commit();
 }
@@ -117,7 +115,7 @@ TEST_CASE("result files: writer and summary reader agree; an unfinished writer l
 
   const ResultsSummary r = read_results_summary(path);
   CHECK(r.complete);
-  CHECK(r.schema_version == 1);
+  CHECK(r.schema_version == 2);
   CHECK(r.meta.sweep_json == x.meta.sweep_json);
   CHECK(r.meta.model_hash == "h");
   CHECK(r.meta.host_isa == "portable");
@@ -155,9 +153,9 @@ TEST_CASE("result files: writer and summary reader agree; an unfinished writer l
   CHECK(h5::read_dataset<int64_t>(g, "finite_positions") == std::vector<int64_t>{3, 3});
   std::vector<hsize_t> dims;
   const auto pct = h5::read_dataset<double>(g, "percentiles", &dims);
-  CHECK(dims == std::vector<hsize_t>{2, 4});
-  CHECK(pct[3] == doctest::Approx(0.4).epsilon(1e-7));  // book 0 max
-  CHECK(pct[4] == 0.5);                                  // book 1 p50
+  CHECK(dims == std::vector<hsize_t>{2, 5});
+  CHECK(pct[4] == doctest::Approx(0.4).epsilon(1e-7));  // book 0 max
+  CHECK(pct[5] == 0.5);                                  // book 1 p50
   CHECK(h5::has_attr(h5::open_dataset(g, "percentiles"), "levels"));
   CHECK(h5::has_attr(h5::open_dataset(g, "aggregate/percentiles"), "levels"));
   h5::read_dataset<double>(g, "bucket_mean", &dims);
@@ -174,9 +172,37 @@ TEST_CASE("result files: writer and summary reader agree; an unfinished writer l
 TEST_CASE("the statistics table drives every group and is the one docs/KL_SWEEP.md lists") {
   std::vector<std::string> names;
   for (const StatField& f : stat_fields()) names.push_back(f.name);
-  CHECK(names == std::vector<std::string>{"bucket_mean", "bucket_sum", "bucket_count", "mean_kl", "top1", "delta_p",
-                                          "percentiles", "positions", "finite_positions", "nonfinite_positions",
-                                          "ref_nonfinite_positions", "nonfinite_values"});
+  CHECK(names == std::vector<std::string>{"bucket_mean",
+                                          "bucket_sum",
+                                          "bucket_count",
+                                          "bucket_mean_se",
+                                          "bucket_top1",
+                                          "bucket_top1_se",
+                                          "bucket_rms_delta_p",
+                                          "bucket_target_count",
+                                          "bucket_ppl_ratio",
+                                          "bucket_ppl_ratio_se",
+                                          "bucket_percentiles",
+                                          "mean_kl",
+                                          "mean_kl_se",
+                                          "top1",
+                                          "top1_se",
+                                          "delta_p",
+                                          "rms_delta_p",
+                                          "ppl_ratio",
+                                          "ppl_ratio_se",
+                                          "ppl",
+                                          "ref_ppl",
+                                          "percentiles",
+                                          "positions",
+                                          "finite_positions",
+                                          "nonfinite_positions",
+                                          "ref_nonfinite_positions",
+                                          "nonfinite_values",
+                                          "mean_kl_book_se",
+                                          "bucket_mean_book_se",
+                                          "mean_kl_seed_se",
+                                          "bucket_mean_seed_se"});
   // Each field is written per book and in the aggregate, with the documented type.
   const fs::path d = fresh_dir("table");
   const std::string path = (d / "r.h5").string();
@@ -185,7 +211,9 @@ TEST_CASE("the statistics table drives every group and is the one docs/KL_SWEEP.
   h5::Handle g = h5::open_group(f, "configs/split:nvfp4+rtn|fp32@16");
   for (const StatField& field : stat_fields()) {
     CAPTURE(field.name);
-    for (const std::string& where : {std::string(field.name), "aggregate/" + std::string(field.name)}) {
+    CHECK(h5::has_link(g, field.name) == !field.aggregate_only);
+    for (const std::string& where : {"aggregate/" + std::string(field.name), std::string(field.name)}) {
+      if (field.aggregate_only && where == field.name) continue;
       if (field.integer) {
         CHECK_NOTHROW(h5::read_dataset<int64_t>(g, where));
         CHECK_THROWS_WITH(h5::read_dataset<double>(g, where), doctest::Contains("expected float64"));
@@ -240,12 +268,13 @@ TEST_CASE("result files that are not whole, not ours or not consistent are refus
     CHECK_THROWS_WITH(read_results_summary(p), doctest::Contains((p + ": not a replayssm kl-sweep result file (schema").c_str()));
   }
   {
-    const std::string p = (d / "v2.h5").string();
-    h5::NewFile v2(p);
-    h5::write_attr(v2, "schema", std::string(kResultsSchema));
-    h5::write_attr(v2, "schema_version", int64_t{2});
-    v2.commit();
-    CHECK_THROWS_WITH(read_results_summary(p), doctest::Contains((p + ": result schema version 2 (this build reads 1)").c_str()));
+    const std::string p = (d / "v3.h5").string();
+    h5::NewFile v3(p);
+    h5::write_attr(v3, "schema", std::string(kResultsSchema));
+    h5::write_attr(v3, "schema_version", int64_t{3});
+    v3.commit();
+    CHECK_THROWS_WITH(read_results_summary(p),
+                      doctest::Contains((p + ": result schema version 3 (this build reads 1 to 2)").c_str()));
   }
   {
     const std::string p = (d / "c.h5").string();
@@ -334,14 +363,31 @@ TEST_CASE("the committed result files of experiments/results are still read") {
     ++files;
     const ResultsSummary s = read_results_summary(e.path().string());
     CHECK(s.complete);
-    CHECK(s.schema_version == kResultsSchemaVersion);
+    // Version 1 (written before the uncertainty statistics) or the current one; never rewritten.
+    CHECK((s.schema_version == 1 || s.schema_version == kResultsSchemaVersion));
     CHECK_FALSE(s.configs.empty());
     CHECK(s.edges.back() == s.meta.n_positions);
     for (const ConfigSummary& c : s.configs) {
       CHECK(c.complete);
       CHECK(c.aggregate.positions == s.meta.n_positions * static_cast<int64_t>(s.book_names.size()));
       CHECK(c.aggregate.finite_positions + c.aggregate.nonfinite_positions == c.aggregate.positions);
+      CHECK(std::isfinite(c.aggregate.mean_kl()));
+      CHECK(std::isfinite(c.aggregate.pct.value[4]));  // max: stored in version 1 too
+      if (s.schema_version == 1) {  // what version 1 did not store reads as undefined, not as 0
+        CHECK(std::isnan(c.aggregate.pct.value[3]));
+        CHECK(std::isnan(c.aggregate.se.mean_kl));
+        CHECK(std::isnan(c.aggregate.ppl_ratio()));
+        CHECK(std::isnan(c.aggregate.rms_delta_p()));
+        CHECK(std::isnan(c.aggregate.bucket_top1()[0]));
+        CHECK(std::isnan(c.aggregate.bucket_ppl_ratio()[0]));
+        CHECK(std::isnan(c.aggregate.bucket_pct[0].value[0]));
+      }
     }
+    // The summary tables print from what was read (version 1: '-' for what it lacks).
+    std::vector<SummaryRow> rows;
+    for (const ConfigSummary& c : s.configs) rows.push_back({c.policy, c.aggregate});
+    const std::string table = format_statistics_table(rows);
+    CHECK(static_cast<std::size_t>(std::count(table.begin(), table.end(), '\n')) >= rows.size() + 2);
   }
   CHECK(files >= 3);
 }

@@ -36,8 +36,9 @@ def length_bucket_edges(n):
     return np.array(edges, dtype=np.int64)
 
 
-def stats(kl, edges):
-    """Per-book statistics as the schema defines them, from per-position KL [B, N]."""
+def stats(kl, edges, levels=(50, 90, 99, 100)):
+    """Per-book statistics as the schema defines them, from per-position KL [B, N] (percentile
+    levels: version 1's by default)."""
     finite = np.isfinite(kl)
     B, N = kl.shape
     K = len(edges) - 1
@@ -51,8 +52,8 @@ def stats(kl, edges):
         bcount[:, k] = m.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         bmean = bsum / bcount
-    pct = np.array([np.percentile(row[np.isfinite(row)].astype(np.float64), [50, 90, 99, 100])
-                    if np.isfinite(row).any() else [np.nan] * 4 for row in kl])
+    pct = np.array([np.percentile(row[np.isfinite(row)].astype(np.float64), levels)
+                    if np.isfinite(row).any() else [np.nan] * len(levels) for row in kl])
     return bsum, bcount, bmean, pct
 
 
@@ -246,7 +247,13 @@ def test_cpp_results_match_the_schema(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     with h5py.File(path, "r") as f:
         a = f.attrs
-        assert a["schema"] == "replayssm-kl-sweep" and a["schema_version"] == 1 and a["complete"] == 1
+        assert a["schema"] == "replayssm-kl-sweep" and a["schema_version"] == 2 and a["complete"] == 1
+        block = int(a["bootstrap_base_block_length"])
+        e = int(length_bucket_edges(int(a["n_positions"]))[1])
+        assert block == max(1, e // 8)
+        sizes = np.diff(length_bucket_edges(int(a["n_positions"])))
+        np.testing.assert_array_equal(f["bootstrap_block_length"][:], np.clip(sizes // 8 // block * block, block, e))
+        assert a["bootstrap_resamples"] == 1000
         n, nb = int(a["n_positions"]), int(a["n_books"])
         for key in ["toolkit_version", "git_commit", "created", "command_line", "model_description", "model_hash",
                     "model_dir", "text_dir", "tokens_dir", "tokenizer", "tokenization", "reference_policy"]:
@@ -268,12 +275,14 @@ def test_cpp_results_match_the_schema(tmp_path):
             kl = g["kl"][:]
             assert kl.dtype == np.float32 and kl.shape == (nb, n)
             assert g["kl"].compression == "gzip" and g["kl"].chunks[0] == 1
-            bsum, bcount, bmean, pct = stats(kl, edges)
+            levels = [50, 90, 99, 99.9, 100]
+            bsum, bcount, bmean, pct = stats(kl, edges, levels)
             np.testing.assert_array_equal(g["bucket_count"][:], bcount)
             np.testing.assert_allclose(g["bucket_sum"][:], bsum, rtol=1e-6, atol=1e-12)
             np.testing.assert_allclose(g["bucket_mean"][:], bmean, rtol=1e-6, atol=1e-12)
             np.testing.assert_allclose(g["percentiles"][:], pct, rtol=1e-12)  # exact: same float32 values
-            assert list(g["percentiles"].attrs["levels"]) == [50, 90, 99, 100]
+            assert list(g["percentiles"].attrs["levels"]) == levels
+            check_v2_statistics(g, kl, edges, block, f["bootstrap_block_length"][:], levels)
             nonfinite = (~np.isfinite(kl)).sum(1)
             np.testing.assert_array_equal(g["nonfinite_positions"][:], nonfinite)
             np.testing.assert_array_equal(g["finite_positions"][:] + nonfinite, np.full(nb, n))
@@ -283,7 +292,7 @@ def test_cpp_results_match_the_schema(tmp_path):
             np.testing.assert_allclose(ag["bucket_sum"][:], bsum.sum(0), rtol=1e-6, atol=1e-12)
             flat = kl[np.isfinite(kl)].astype(np.float64)
             if flat.size:
-                np.testing.assert_allclose(ag["percentiles"][:], np.percentile(flat, [50, 90, 99, 100]), rtol=1e-12)
+                np.testing.assert_allclose(ag["percentiles"][:], np.percentile(flat, levels), rtol=1e-12)
                 np.testing.assert_allclose(ag["mean_kl"][()], flat.mean(), rtol=1e-6)
             assert ag["nonfinite_positions"][()] == nonfinite.sum()
             assert 0 <= g["top1"][0] <= 1
@@ -292,6 +301,68 @@ def test_cpp_results_match_the_schema(tmp_path):
     assert r.returncode == 0, r.stderr
     r = run([PLOT, path, "--kind", "window", "-o", tmp_path / "cppw.png"])
     assert r.returncode == 0, r.stderr
+    r = run([PLOT, path, "--kind", "table", "--lengths", "64,600"])  # version 2: means ± their SE
+    assert r.returncode == 0, r.stderr
+    assert "±" in r.stdout and "block-bootstrap standard error" in r.stdout
+
+
+def bootstrap_se(blocks_count, blocks_sum, edges, base, lengths, rng, resamples=1000):
+    """An independent block bootstrap (numpy's generator, not the C++ stream) of sum / count over
+    [B, J] base-block sums: each bucket k's base blocks joined into runs of lengths[k] / base, the
+    runs resampled within each (book, bucket) stratum; returns the SE."""
+    strata = []
+    for k in range(len(edges) - 1):
+        first, end, run = edges[k] // base, -(-edges[k + 1] // base), lengths[k] // base
+        starts = np.arange(first, end, run)
+        strata.append((np.add.reduceat(blocks_count[:, first:end], starts - first, axis=1),
+                       np.add.reduceat(blocks_sum[:, first:end], starts - first, axis=1)))
+    reps = []
+    for _ in range(resamples):
+        num = den = 0.0
+        for counts, sums in strata:
+            for b in range(counts.shape[0]):
+                pick = rng.integers(0, counts.shape[1], size=counts.shape[1])
+                num += sums[b, pick].sum()
+                den += counts[b, pick].sum()
+        reps.append(num / den)
+    return np.std(reps, ddof=1)
+
+
+def check_v2_statistics(g, kl, edges, block, lengths, levels):
+    """The version-2 fields of a C++ result against numpy on the stored values: block sums against
+    the per-position KL, per-bucket percentiles exactly, the perplexity ratio against the stored
+    block sums, the spread over books by its formula and the bootstrap SE against an independent
+    bootstrap (statistical agreement: two estimates from 1,000 resamples each)."""
+    nb, n = kl.shape
+    finite = np.isfinite(kl)
+    starts = np.arange(0, n, block)
+    count, kl_sum = g["block_count"][:], g["block_kl_sum"][:]
+    assert count.shape == (nb, starts.size) and kl_sum.shape == (nb, starts.size)
+    np.testing.assert_array_equal(count, np.add.reduceat(finite, starts, axis=1))
+    np.testing.assert_allclose(kl_sum, np.add.reduceat(np.where(finite, kl, 0).astype(np.float64), starts, axis=1),
+                               rtol=1e-6, atol=1e-12)
+    assert (g["block_top1_agree"][:] <= count).all() and (g["block_target_count"][:] <= count).all()
+    bp = g["bucket_percentiles"][:]
+    assert bp.shape == (nb, len(edges) - 1, len(levels))
+    for b in range(nb):
+        for k in range(len(edges) - 1):
+            row = kl[b, edges[k]:edges[k + 1]]
+            row = row[np.isfinite(row)].astype(np.float64)
+            if row.size:
+                np.testing.assert_allclose(bp[b, k], np.percentile(row, levels), rtol=1e-12)
+    targets, logratio = g["block_target_count"][:], g["block_logratio_sum"][:]
+    ag = g["aggregate"]
+    if targets.sum():
+        np.testing.assert_allclose(ag["ppl_ratio"][()], np.exp(logratio.sum() / targets.sum()), rtol=1e-12)
+        np.testing.assert_allclose(g["ppl_ratio"][:], np.exp(logratio.sum(1) / targets.sum(1)), rtol=1e-12)
+        np.testing.assert_allclose(ag["ppl"][()] / ag["ref_ppl"][()], ag["ppl_ratio"][()], rtol=1e-12)
+    book_means = g["mean_kl"][:]
+    if nb >= 2 and np.isfinite(book_means).all():
+        np.testing.assert_allclose(ag["mean_kl_book_se"][()], np.std(book_means, ddof=1) / np.sqrt(nb), rtol=1e-12)
+    se = ag["mean_kl_se"][()]
+    if count.sum() and np.isfinite(se):
+        ours = bootstrap_se(count, kl_sum, edges, block, lengths, np.random.default_rng(7))
+        assert abs(se / ours - 1) < 0.2, (se, ours)
 
 
 GUTENBERG = ("The Project Gutenberg EBook of T\r\n\r\n*** START OF THIS PROJECT GUTENBERG EBOOK T ***\r\n\r\n"

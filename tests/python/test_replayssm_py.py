@@ -157,8 +157,8 @@ def test_load_results_refuses_partial_files(tmp_path):
         results.load_results(minimal_results(tmp_path / "p.h5"))
     with pytest.raises(ValueError, match=r"u\.h5: attribute complete is not 1: the sweep that wrote it did not finish"):
         results.load_results(minimal_results(tmp_path / "u.h5", complete=np.int64(0)))
-    with pytest.raises(ValueError, match=r"v\.h5: schema_version 2, this reader knows 1"):
-        results.load_results(minimal_results(tmp_path / "v.h5", schema_version=np.int64(2)))
+    with pytest.raises(ValueError, match=r"v\.h5: schema_version 3, this reader knows 1 to 2"):
+        results.load_results(minimal_results(tmp_path / "v.h5", schema_version=np.int64(3)))
     r = run_script("plot_kl.py", tmp_path / "p.h5", "-o", tmp_path / "x.png")
     assert r.returncode == 1 and "plot_kl.py:" in r.stderr and "not a complete" in r.stderr
     assert "Traceback" not in r.stderr

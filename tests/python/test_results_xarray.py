@@ -1,4 +1,4 @@
-"""Result files read as netCDF: the HDF5 dimension scales (/position, /bucket, /book, /percentile)
+"""Result files read as netCDF: the HDF5 dimension scales (/position, /bucket, /book, /percentile, /block)
 give xarray named dimensions with their coordinates — `xarray.open_datatree(file, engine="h5netcdf")`,
 each configuration group inheriting the root's coordinates — and the values are those h5py reads."""
 import subprocess
@@ -39,11 +39,20 @@ def test_named_dimensions_and_coordinates(tmp_path, text_dir):
             assert ds["bucket_mean"].dims == ("book", "bucket")
             np.testing.assert_array_equal(ds["bucket_mean"]["bucket"].values, edges[1:])  # bucket = its upper length
             assert ds["percentiles"].dims == ("book", "percentile")
-            np.testing.assert_array_equal(ds["percentiles"]["percentile"].values, [50, 90, 99, 100])
+            np.testing.assert_array_equal(ds["percentiles"]["percentile"].values, [50, 90, 99, 99.9, 100])
+            assert ds["bucket_percentiles"].dims == ("book", "bucket", "percentile")
+            assert ds["bucket_mean_se"].dims == ("book", "bucket")
             assert ds["mean_kl"].dims == ("book",)
+            assert ds["ppl_ratio"].dims == ("book",)
+            # the bootstrap's block sums: one column per block, named by its first position
+            assert ds["block_kl_sum"].dims == ("book", "block")
+            np.testing.assert_array_equal(ds["block_kl_sum"]["block"].values,
+                                          np.arange(0, 200, f.attrs["bootstrap_base_block_length"]))
             agg = tree[f"configs/{name}/aggregate"].to_dataset()
             assert agg["bucket_mean"].dims == ("bucket",)
             np.testing.assert_array_equal(agg["bucket_mean"].values, f["configs"][name]["aggregate/bucket_mean"][:])
+            assert agg["bucket_mean_book_se"].dims == ("bucket",)
+            assert agg["mean_kl_se"].dims == ()
             # selection by coordinate works: the last bucket's per-book means
             last = ds["bucket_mean"].sel(bucket=edges[-1])
             np.testing.assert_array_equal(last.values, f["configs"][name]["bucket_mean"][:, -1])
