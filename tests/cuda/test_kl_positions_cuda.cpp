@@ -25,20 +25,14 @@
 #include "eval/kl_metrics.h"
 #include "eval/kl_positions.h"
 #include "test_util.h"
+#include "gpu_test_util.h"
 
 using namespace replayssm;
 using eval::PositionResult;
 
 namespace {
 
-struct GpuGuard {
-  GpuGuard() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-      test::skip_suite("no CUDA device: KL comparison tests run on the device machine (see docs/GPU_RESULTS.md)");
-  }
-};
-const GpuGuard gpu_guard;
+const test::GpuGuard gpu_guard("KL comparison tests");
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
