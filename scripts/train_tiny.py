@@ -92,7 +92,7 @@ from replayssm_py import train  # noqa: E402
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring.",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", required=True, choices=["mamba2", "qwen3_5"])
+    ap.add_argument("--arch", required=True, choices=["mamba2", "qwen3_5", "nemotron_h"])
     ap.add_argument("--train-dir", default=str(train.DEFAULT_TRAIN_DIR), help="folder of Gutenberg .txt books")
     ap.add_argument("--pg19-dir", default=str(train.DEFAULT_PG19_DIR),
                     help="PG-19 test books: never trained on; evaluated on")
@@ -100,10 +100,34 @@ def parse_args(argv):
     ap.add_argument("--force", action="store_true", help="replace an existing non-empty output folder")
     ap.add_argument("--preset", default="default", choices=["default", "tiny"],
                     help="model size: default (the real run) or tiny (tests)")
-    ap.add_argument("--steps", type=int, default=4000, help="schedule length (upper bound with --minutes)")
-    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=4000,
+                    help="schedule length (upper bound with --minutes; with --resume-dir the whole training's)")
+    ap.add_argument("--seq-len", type=int, default=None, help="training sequence length in bytes (default 1024)")
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--minutes", type=float, default=0.0, help="training-loop time budget, 0: none")
+    ap.add_argument("--seq-len-schedule", default=None, metavar="LEN:FRAC,...",
+                    help="context curriculum, e.g. 1024:0,4096:0.3,16384:0.6 (length from that fraction of --steps "
+                         "on); the batch follows so that tokens per step stay --tokens-per-step")
+    ap.add_argument("--tokens-per-step", type=int, default=None,
+                    help="with --seq-len-schedule: tokens per step (default --batch x the first length)")
+    ap.add_argument("--minutes", type=float, default=0.0,
+                    help="training-loop time budget, 0: none (with --resume-dir: this run's)")
+    ap.add_argument("--resume-dir", default=None,
+                    help="resumable training: save here (every --save-every-minutes and at the end of the run) and "
+                         "continue from the last save; not inside data/models")
+    ap.add_argument("--save-every-minutes", type=float, default=2.0, help="with --resume-dir (0: only at the end)")
+    ap.add_argument("--stop-after-steps", type=int, default=0,
+                    help="stop this run after N steps (0: no limit), e.g. to test --resume-dir")
+    ap.add_argument("--resume-moments", default="fp32", choices=["fp32", "bf16"],
+                    help="AdamW moments in the resume files: fp32 (exact resume) or bf16 (half the size)")
+    ap.add_argument("--decay-init", default="transformers", choices=["transformers", "log-uniform"],
+                    help="SSM decays at initialisation: transformers' own, or head memories log-uniform over "
+                         "--init-memory")
+    ap.add_argument("--init-memory", default="10:10000", metavar="LO:HI",
+                    help="--decay-init log-uniform: the memory range in tokens")
+    ap.add_argument("--replayssm", default=str(train.ROOT / "build" / "replayssm"),
+                    help="replayssm binary for the card's decay spectrum (skipped with a note when absent)")
+    ap.add_argument("--decay-length", type=int, default=16384,
+                    help="positions per PG-19 book for the decay spectrum (0: skip)")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate (mamba2 3e-3, qwen3_5 2e-3)")
@@ -118,6 +142,8 @@ def parse_args(argv):
     ap.add_argument("--eval-batch", type=int, default=8, help="windows per forward in the windowed evaluation")
     ap.add_argument("--log-every", type=int, default=50)
     args = ap.parse_args(argv)
+    seq_len_given = args.seq_len is not None
+    args.seq_len = 1024 if args.seq_len is None else args.seq_len
     for k in ("steps", "seq_len", "batch", "warmup", "log_every", "eval_batch"):
         if getattr(args, k) <= 0:
             ap.error(f"--{k.replace('_', '-')} must be positive, got {getattr(args, k)}")
@@ -132,6 +158,46 @@ def parse_args(argv):
         ap.error(f"--weight-decay must be a finite number >= 0, got {args.weight_decay}")
     if args.eval_bytes < 0:
         ap.error(f"--eval-bytes must not be negative (0: skip), got {args.eval_bytes}")
+    for k in ("stop_after_steps", "decay_length"):
+        if getattr(args, k) < 0:
+            ap.error(f"--{k.replace('_', '-')} must not be negative, got {getattr(args, k)}")
+    if not (math.isfinite(args.save_every_minutes) and args.save_every_minutes >= 0):
+        ap.error(f"--save-every-minutes must be a finite number >= 0, got {args.save_every_minutes}")
+    try:
+        lo, hi = (float(x) for x in args.init_memory.split(":"))
+        if not (math.isfinite(lo) and math.isfinite(hi) and 1 < lo <= hi):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--init-memory must be LO:HI tokens with 1 < LO <= HI, got {args.init_memory!r}")
+    args.init_memory = [lo, hi]
+    if args.seq_len_schedule is None:
+        if args.tokens_per_step is not None:
+            ap.error("--tokens-per-step goes with --seq-len-schedule (without it: --batch x --seq-len)")
+        args.tokens_per_step = args.batch * args.seq_len
+        args.segments = [[0, args.seq_len, args.batch]]
+    else:
+        if seq_len_given:
+            ap.error("give --seq-len or --seq-len-schedule, not both")
+        try:
+            schedule = train.parse_seq_len_schedule(args.seq_len_schedule)
+            if args.tokens_per_step is None:
+                args.tokens_per_step = args.batch * schedule[0][0]
+            if args.tokens_per_step <= 0:
+                raise ValueError(f"--tokens-per-step must be positive, got {args.tokens_per_step}")
+            args.segments = [list(r) for r in train.schedule_steps(schedule, args.steps, args.tokens_per_step)]
+        except ValueError as e:
+            ap.error(f"--seq-len-schedule {args.seq_len_schedule}: {e}")
+        args.seq_len = args.segments[-1][1]  # the final length: the windowed evaluation's and the default chunk
+    if args.resume_dir is not None:
+        rd = pathlib.Path(args.resume_dir).resolve()
+        models = (train.ROOT / "data" / "models").resolve()
+        if rd == models or models in rd.parents:
+            ap.error(f"--resume-dir {args.resume_dir} is inside data/models: keep resume files out of the repository's "
+                     "models (they are never committed)")
+        if pathlib.Path(args.out or "").resolve() in (rd, *rd.parents) and args.out:
+            ap.error(f"--resume-dir {args.resume_dir} must not be the --out folder or inside it")
+    elif args.stop_after_steps:
+        ap.error("--stop-after-steps goes with --resume-dir (a stopped run must be resumable)")
     args.lr = args.lr if args.lr is not None else train.DEFAULT_LR[args.arch]
     args.eval_chunk = args.eval_chunk or args.seq_len
     args.out = args.out or str(train.ROOT / "data" / "models" / f"tiny_{args.arch}")
