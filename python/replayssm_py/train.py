@@ -794,6 +794,45 @@ def decay_section(c):
     return lines
 
 
+def splice_section(card, heading_prefix, lines, before="## Software"):
+    """The card's text with the section whose heading starts with heading_prefix replaced by `lines` (or
+    inserted before the `before` heading)."""
+    rows = card.split("\n")
+    start = next((i for i, r in enumerate(rows) if r.startswith(heading_prefix)), None)
+    if start is None:
+        at = next((i for i, r in enumerate(rows) if r.startswith(before)), len(rows))
+        return "\n".join(rows[:at] + lines + [""] + rows[at:])
+    end = next((i for i in range(start + 1, len(rows)) if rows[i].startswith("## ")), len(rows))
+    return "\n".join(rows[:start] + lines + [""] + rows[end:])
+
+
+def add_decays(args):
+    """scripts/train_tiny.py --add-decays DIR: measures the decay spectrum of a trained folder (one trained where
+    no replayssm binary was, e.g. on a GPU machine) and writes it into its card, train_log.json and decays.json."""
+    def log(msg):
+        print(f"[train_tiny add-decays] {msg}", file=sys.stderr, flush=True)
+
+    out = pathlib.Path(args.add_decays)
+    card_path, log_path = out / "MODEL_CARD.md", out / "train_log.json"
+    for f in (card_path, log_path):
+        if not f.exists():
+            print(f"train_tiny.py: --add-decays {out}: {f.name} is missing (a folder written by train_tiny.py?)",
+                  file=sys.stderr)
+            return EXIT_REFUSED
+    train_log = json.loads(log_path.read_text())
+    decays, note = decay_spectrum(out, args, log)
+    if decays is None:
+        print(f"train_tiny.py: --add-decays {out}: {note}", file=sys.stderr)
+        return EXIT_REFUSED
+    c = {"args": train_log["args"], "init_memories": train_log.get("init_memory_tokens"), "decays": decays}
+    card = splice_section(card_path.read_text(), "## Decay spectrum", decay_section(c))
+    write_text_atomically(card_path, card)
+    train_log["decays"], train_log["decays_note"] = decays, None
+    write_text_atomically(log_path, json.dumps(train_log, indent=1) + "\n")
+    log(f"wrote the decay spectrum into {card_path} and {log_path}")
+    return 0
+
+
 def run(args, argv, script):
     """The whole run of scripts/train_tiny.py: args as it parsed them, argv and the script's path
     for the card's command lines. Returns the exit status (EXIT_REFUSED for unusable text or output)."""
@@ -821,6 +860,10 @@ def run(args, argv, script):
             manifest = train_resume.read_manifest(args.resume_dir)
             if manifest is not None:
                 train_resume.check_identity(manifest, identity, args.resume_dir)
+                if manifest.get("finished"):
+                    raise train_resume.ResumeError(
+                        f"{args.resume_dir} holds a finished training (step {manifest['step']}, written to "
+                        f"{manifest['finished']['out']}): nothing to continue; another --resume-dir starts anew")
         except train_resume.ResumeError as e:
             print(f"train_tiny.py: {e}", file=sys.stderr)
             return EXIT_REFUSED
@@ -955,4 +998,8 @@ def run(args, argv, script):
     }
     write_text_atomically(out / "train_log.json", json.dumps(train_log, indent=1) + "\n")
     log(f"wrote {out} ({ckpt_bytes / 1e6:.2f} MB checkpoint) in {info['total_s']:.1f} s")
+    if resume is not None:  # the training is in --out now: only a note stays (small, for the transfer back)
+        from . import train_resume
+        train_resume.mark_finished(args.resume_dir, result["steps"], str(out))
+        log(f"{args.resume_dir}: the saved state is removed, resume.json records the finished training")
     return 0

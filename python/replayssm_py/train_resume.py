@@ -12,6 +12,9 @@ Files in DIR, all small enough to travel one by one (each at most SHARD_BYTES):
                                    their sha256, the optimiser's param_groups, the log so far.
 * ``state-<step>-<i>.safetensors`` the tensors: ``param.<name>``, ``opt.<index>.<key>``, ``rng.<name>``.
 
+Once the run that reaches the last step has written --out, the shards are removed and the manifest is
+marked ``finished`` (a rerun is refused instead of training again).
+
 A save writes the new shards under new names, then the manifest, then removes the previous save's
 shards; a save cut off at any point leaves the previous one readable. Loading checks every shard's
 sha256 (a file cut short in transfer is refused, not half-read).
@@ -138,6 +141,17 @@ def save(resume_dir, step, identity, model, opt, generators, log_state, torch, m
         if p.name not in keep:
             p.unlink()
     return sum(s["bytes"] for s in names)
+
+
+def mark_finished(resume_dir, step, out):
+    """After the last step's checkpoint is in --out: the manifest keeps the identity and the log, marked
+    finished, and the shards are removed (a rerun is refused rather than repeated)."""
+    d = pathlib.Path(resume_dir)
+    m = read_manifest(d)
+    m.update(finished={"step": step, "out": out}, shards=[])
+    write_text_atomically(d / MANIFEST, json.dumps(m) + "\n")
+    for p in d.glob("state-*.safetensors"):
+        p.unlink()
 
 
 def load(resume_dir, manifest, model, opt, torch, device):
