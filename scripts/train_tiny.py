@@ -5,9 +5,9 @@ Gutenberg books.
    python3 scripts/train_tiny.py --arch mamba2 --out data/models/tiny_mamba2 --device cuda --steps 30000 --minutes 3.5
    python3 scripts/train_tiny.py --arch qwen3_5 --out data/models/tiny_qwen3_5 --device cuda --steps 30000 --minutes 3.5
    # long memory, in resumable runs of 8 minutes (repeat the same command until the card appears in --out):
-   python3 scripts/train_tiny.py --arch nemotron_h --out data/models/tiny_nemotron_h --device cuda --steps 12000 \
-       --seq-len-schedule 1024:0,4096:0.3,16384:0.6 --tokens-per-step 65536 --decay-init log-uniform \
-       --resume-dir .device/resume/nemotron_h --minutes 8
+   python3 scripts/train_tiny.py --arch nemotron_h --out OUT_DIR --device cuda --steps 6000 \
+       --seq-len-schedule 1024:0,4096:0.3,16384:0.6 --tokens-per-step 32768 --decay-init log-uniform \
+       --resume-dir RESUME_DIR --minutes 8
    python3 scripts/train_tiny.py --add-decays data/models/tiny_nemotron_h   # the card's decay spectrum, later
 
 What it makes
@@ -94,8 +94,9 @@ floor(0.3 x steps + 1/2), 16384 from floor(0.6 x steps + 1/2). The tokens per st
 (``--tokens-per-step``, default --batch x the first length): the batch is tokens / length, refused
 unless whole. Every step's length and batch are in train_log.json (``seq_len``, ``batch``). The windowed
 evaluation and the default streamed chunk use the final length. The long-memory runs use the schedule
-above with 65,536 tokens per step (batch 64, 16, 4): short sequences first, where the loss falls fastest,
-then 40% of the steps at 16K, where a head's memory of thousands of tokens pays.
+above with 32,768 tokens per step (batch 32, 8, 2; twice the bundled models' 16 x 1024): short sequences
+first, where the loss falls fastest, then 40% of the steps at 16K, where a head's memory of thousands of
+tokens pays.
 
 Long-memory initialisation (``--decay-init log-uniform``, ``--init-memory 10:10000``)
 ---------------------------------------------------------------------------------

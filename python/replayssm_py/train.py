@@ -1,8 +1,10 @@
 """Training the bundled byte-level models (scripts/train_tiny.py is the command; its help text says
 what a run makes): the PG-19 test-set refusal, model presets built with transformers' own classes, a
-chunked Mamba-2 scan in einsum form for training, the training loop, the bits-per-byte evaluation and
-the model card. torch and transformers are imported only inside the functions that need them (the
-`train` extra), so the data checks run without them.
+chunked Mamba-2 scan in einsum form for training, the long-memory initialisation of the SSM decays, the
+context schedule, the training loop (resumable: train_resume.py holds the saved state), the
+bits-per-byte evaluation, the decay spectrum (`replayssm info --decays`) and the model card. torch and
+transformers are imported only inside the functions that need them (the `train` extra), so the data
+and argument checks run without them.
 """
 import contextlib
 import hashlib
