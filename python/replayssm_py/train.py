@@ -922,6 +922,7 @@ def run(args, argv, script):
         scan_note = "flash-linear-attention kernels" if fast_paths()["fla"] else \
             "transformers' reference torch Gated DeltaNet (chunked)"
 
+    log(f"SSM code: {scan_note}; optional kernels importable: {fast_paths()}")
     with MambaScan(scan):
         result = train(model, corpus, args, device, torch, log, resume)
     log(f"trained {result['steps']} steps in {result['wall_s']:.1f} s ({result['ms_per_step']:.1f} ms/step), "
