@@ -1,8 +1,10 @@
 """Training the bundled byte-level models (scripts/train_tiny.py is the command; its help text says
 what a run makes): the PG-19 test-set refusal, model presets built with transformers' own classes, a
-chunked Mamba-2 scan in einsum form for training, the training loop, the bits-per-byte evaluation and
-the model card. torch and transformers are imported only inside the functions that need them (the
-`train` extra), so the data checks run without them.
+chunked Mamba-2 scan in einsum form for training, the long-memory initialisation of the SSM decays, the
+context schedule, the training loop (resumable: train_resume.py holds the saved state), the
+bits-per-byte evaluation, the decay spectrum (`replayssm info --decays`) and the model card. torch and
+transformers are imported only inside the functions that need them (the `train` extra), so the data
+and argument checks run without them.
 """
 import contextlib
 import hashlib
@@ -98,8 +100,22 @@ PRESETS = {
         hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
         head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=32,
         linear_value_head_dim=16, linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"]),
+    # NemotronH-style hybrid, pattern M-M-M*-M-M- (M Mamba-2, - relu2 MLP, * attention without RoPE): Mamba-2
+    # 8 heads of dv 64 on 2 groups, dk 128 (as tiny_mamba2); attention 4 heads / 2 kv heads of 64; MLP 768.
+    ("nemotron_h", "default"): dict(
+        hidden_size=256, hybrid_override_pattern="M-M-M*-M-M-", mamba_num_heads=8, mamba_head_dim=64,
+        ssm_state_size=128, n_groups=2, conv_kernel=4, chunk_size=64, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, intermediate_size=768),
+    ("nemotron_h", "tiny"): dict(
+        hidden_size=32, hybrid_override_pattern="M*-", mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=32,
+        n_groups=2, conv_kernel=4, chunk_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        intermediate_size=64),
 }
-DEFAULT_LR = {"mamba2": 3e-3, "qwen3_5": 2e-3}
+DEFAULT_LR = {"mamba2": 3e-3, "qwen3_5": 2e-3, "nemotron_h": 2e-3}
+ARCH_TITLES = {"mamba2": "Mamba-2", "qwen3_5": "Qwen3.5-style Gated DeltaNet hybrid",
+               "nemotron_h": "NemotronH-style Mamba-2 + attention + MLP hybrid"}
+PATTERN_LEGENDS = {"mamba2": "M Mamba-2", "qwen3_5": "G Gated DeltaNet, * gated attention",
+                   "nemotron_h": "M Mamba-2, * attention, - relu2 MLP"}
 
 
 def build_config(arch, preset, transformers):
@@ -109,6 +125,14 @@ def build_config(arch, preset, transformers):
             vocab_size=256, **p, use_bias=False, use_conv_bias=True, layer_norm_epsilon=1e-5,
             initializer_range=0.02, tie_word_embeddings=False, pad_token_id=0, bos_token_id=None,
             eos_token_id=None)
+    if arch == "nemotron_h":
+        # time_step_min is NemotronHMamba2Mixer's hard floor on dt (and the C++ loader's): 1e-4 keeps it below
+        # every dt of the long-memory initialisation (smallest 1e-3) even with the input's share of dt.
+        return transformers.NemotronHConfig(
+            vocab_size=256, **p, mlp_hidden_act="relu2", mamba_hidden_act="silu", time_step_min=1e-4,
+            time_step_max=0.1, time_step_floor=1e-4, layer_norm_epsilon=1e-5, initializer_range=0.02,
+            tie_word_embeddings=False, use_conv_bias=True, use_bias=False, mlp_bias=False, attention_bias=False,
+            max_position_embeddings=131072, pad_token_id=0, bos_token_id=None, eos_token_id=None)
     return transformers.Qwen3_5TextConfig(
         vocab_size=256, **p, hidden_act="silu", rms_norm_eps=1e-6, initializer_range=0.02,
         tie_word_embeddings=True, max_position_embeddings=131072, attention_bias=False, pad_token_id=None,
@@ -116,14 +140,18 @@ def build_config(arch, preset, transformers):
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
 
 
+MODEL_CLASSES = {"mamba2": "Mamba2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM", "nemotron_h": "NemotronHForCausalLM"}
+
+
 def build_model(arch, config, transformers):
-    cls = transformers.Mamba2ForCausalLM if arch == "mamba2" else transformers.Qwen3_5ForCausalLM
-    return cls(config)
+    return getattr(transformers, MODEL_CLASSES[arch])(config)
 
 
 def layer_pattern(arch, config):
     if arch == "mamba2":
         return "M" * config.num_hidden_layers
+    if arch == "nemotron_h":
+        return "".join({"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-", "moe": "E"}[t] for t in config.layers_block_type)
     return "".join("*" if t == "full_attention" else "G" for t in config.layer_types)
 
 
@@ -137,6 +165,15 @@ def config_summary(arch, c):
                  ("conv_kernel", c.conv_kernel), ("chunk_size", c.chunk_size),
                  ("time_step_limit", list(c.time_step_limit)), ("layer_norm_epsilon", c.layer_norm_epsilon),
                  ("tie_word_embeddings", c.tie_word_embeddings), ("pad_token_id", c.pad_token_id)]
+    elif arch == "nemotron_h":
+        rows += [("mamba_num_heads (value heads)", c.mamba_num_heads), ("mamba_head_dim (dv)", c.mamba_head_dim),
+                 ("ssm_state_size (dk)", c.ssm_state_size), ("n_groups (key heads)", c.n_groups),
+                 ("conv_kernel", c.conv_kernel), ("chunk_size", c.chunk_size),
+                 ("time_step_min (dt floor)", c.time_step_min),
+                 ("num_attention_heads", c.num_attention_heads), ("num_key_value_heads", c.num_key_value_heads),
+                 ("head_dim", c.head_dim), ("intermediate_size (relu2 MLP)", c.intermediate_size),
+                 ("layer_norm_epsilon", c.layer_norm_epsilon), ("tie_word_embeddings", c.tie_word_embeddings),
+                 ("pad_token_id", c.pad_token_id)]
     else:
         rp = c.rope_parameters or {}
         rows += [("linear_num_key_heads", c.linear_num_key_heads),
@@ -219,21 +256,125 @@ def make_einsum_chunk_scan(reference):
 
 
 class MambaScan:
-    """Context manager: transformers' Mamba2 mixer calls `scan` instead of its reference chunk scan."""
+    """Context manager: transformers' Mamba-2 mixers (Mamba2ForCausalLM's and NemotronH's, which call the
+    same chunked SSD form through their module's `mamba2_chunk_scan`) call `scan` instead."""
 
     def __init__(self, scan):
         from transformers.models.mamba2 import modeling_mamba2
-        self.module, self.scan, self.saved = modeling_mamba2, scan, None
+        from transformers.models.nemotron_h import modeling_nemotron_h
+        self.modules, self.scan, self.saved = (modeling_mamba2, modeling_nemotron_h), scan, None
 
     def __enter__(self):
-        self.saved = self.module.mamba2_chunk_scan
+        self.saved = [m.mamba2_chunk_scan for m in self.modules]
         if self.scan is not None:
-            self.module.mamba2_chunk_scan = self.scan
+            for m in self.modules:
+                m.mamba2_chunk_scan = self.scan
         return self
 
     def __exit__(self, *exc):
-        self.module.mamba2_chunk_scan = self.saved
+        for m, f in zip(self.modules, self.saved):
+            m.mamba2_chunk_scan = f
         return False
+
+
+# ---- long-memory initialisation ---------------------------------------------------------------------
+
+DEFAULT_INIT_MEMORY = (10.0, 1e4)  # tokens: the log-uniform span of --decay-init log-uniform
+INIT_DT = (0.1, 1e-3)  # dt at the shortest and the longest memory (Mamba's usual dt range)
+
+
+def ssm_decay_modules(model):
+    """The SSM mixers, in layer order: every module with per-head A_log and dt_bias, whose per-token decay is
+    alpha = exp(-exp(A_log) * softplus(dt_in + dt_bias)) (Mamba-2 and NemotronH mixers, Gated DeltaNet)."""
+    def has_decay(m):
+        a, d = getattr(m, "A_log", None), getattr(m, "dt_bias", None)
+        return a is not None and d is not None and hasattr(a, "dim") and a.dim() == 1 and d.shape == a.shape
+    return [m for m in model.modules() if has_decay(m)]
+
+
+def long_memory_targets(n_layers, n_heads, lo, hi):
+    """[[memory tokens of head h of SSM layer l]]: quantiles (h + (l + 1/2)/n_layers)/n_heads of the log-uniform
+    law on [lo, hi], so every layer spans the whole range and the heads of all layers interleave."""
+    return [[lo * (hi / lo) ** ((h + (l + 0.5) / n_layers) / n_heads) for h in range(n_heads)]
+            for l in range(n_layers)]
+
+
+def init_long_memory(model, torch, lo=DEFAULT_INIT_MEMORY[0], hi=DEFAULT_INIT_MEMORY[1]):
+    """--decay-init log-uniform: sets every SSM head's A_log and dt_bias so that, with the input's share of dt at
+    0, its decay is alpha = 1 - 1/m for the head's target memory m (long_memory_targets). The rate
+    -log(alpha) = A dt is split between the two: dt runs log-linearly with log m from INIT_DT[0] at m = lo to
+    INIT_DT[1] at m = hi (the state's gain dt/(1 - alpha) = dt m stays within 1/A in [1, 10]), and
+    A = -log(1 - 1/m)/dt. Both are trainable (no weight decay on vectors): the model can keep or unlearn them.
+    Returns the targets."""
+    mixers = ssm_decay_modules(model)
+    if not mixers:
+        return []
+    n_heads = mixers[0].A_log.numel()
+    targets = long_memory_targets(len(mixers), n_heads, lo, hi)
+    with torch.no_grad():
+        for mixer, mem in zip(mixers, targets):
+            m = torch.tensor(mem, dtype=torch.float64)
+            q = torch.log(m / lo) / math.log(hi / lo) if hi > lo else torch.zeros_like(m)
+            dt = torch.exp(math.log(INIT_DT[0]) + q * (math.log(INIT_DT[1]) - math.log(INIT_DT[0])))
+            rate = -torch.log1p(-1.0 / m)
+            mixer.A_log.copy_(torch.log(rate / dt).to(mixer.A_log.dtype))
+            mixer.dt_bias.copy_((dt + torch.log(-torch.expm1(-dt))).to(mixer.dt_bias.dtype))  # softplus^-1(dt)
+    return targets
+
+
+def head_memories(model, torch):
+    """[[1/(1 - alpha) of each head with the input's share of dt at 0]] from the weights (a property of the
+    parameters, not of text: `replayssm info --decays` measures the latter)."""
+    out = []
+    with torch.no_grad():
+        for mixer in ssm_decay_modules(model):
+            rate = torch.exp(mixer.A_log.double()) * torch.nn.functional.softplus(mixer.dt_bias.double())
+            out.append((1.0 / -torch.expm1(-rate)).tolist())
+    return out
+
+
+# ---- the training context: a schedule of lengths ---------------------------------------------------------
+
+def parse_seq_len_schedule(text):
+    """'1024:0,4096:0.3,16384:0.6' -> [(1024, 0.0), (4096, 0.3), (16384, 0.6)]: length in bytes and the
+    fraction of --steps from which it applies. Raises ValueError naming what is wrong."""
+    out = []
+    for part in text.split(","):
+        length, sep, frac = part.strip().partition(":")
+        if not sep:
+            raise ValueError(f"entry {part!r} is not LENGTH:FRACTION")
+        try:
+            length, frac = int(length), float(frac)
+        except ValueError:
+            raise ValueError(f"entry {part!r}: LENGTH must be an integer and FRACTION a number") from None
+        if length <= 0 or not (math.isfinite(frac) and 0 <= frac < 1):
+            raise ValueError(f"entry {part!r}: LENGTH must be positive and FRACTION in [0, 1)")
+        if out and frac <= out[-1][1]:
+            raise ValueError(f"entry {part!r}: fractions must increase")
+        out.append((length, frac))
+    if out[0][1] != 0:
+        raise ValueError(f"the first entry must start at fraction 0, got {out[0][1]}")
+    return out
+
+
+def schedule_steps(schedule, steps, tokens_per_step):
+    """[(first step, length, batch)]: entry i from step floor(fraction * steps + 1/2), batch = tokens_per_step /
+    length (refused unless whole). Entries that start at the same step as the next are dropped."""
+    rows = []
+    for length, frac in schedule:
+        if tokens_per_step % length:
+            raise ValueError(f"{tokens_per_step} tokens per step is not a whole number of {length}-byte sequences")
+        rows.append((int(math.floor(frac * steps + 0.5)), length, tokens_per_step // length))
+    return [r for i, r in enumerate(rows) if i + 1 == len(rows) or rows[i + 1][0] > r[0]]
+
+
+def shape_at(segments, step):
+    """(length, batch) of the training step `step` (0-based)."""
+    cur = segments[0]
+    for seg in segments:
+        if seg[0] <= step:
+            cur = seg
+    return cur[1], cur[2]
 
 
 # ---- training ---------------------------------------------------------------------------------------
@@ -256,41 +397,91 @@ def fast_paths():
 FIT_STEPS = (30, 200, 1000, 3000)  # after these steps the step count is fitted to --minutes (timed from step 10)
 
 
-def train(model, corpus, args, device, torch, log):
-    """Runs the training loop; returns the log dict (per-step loss and learning rate, timings)."""
-    import torch.nn.functional as F
-
-    data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).to(device)
-    n_windows = len(corpus) - args.seq_len - 1
-    if n_windows <= 0:
-        raise TextError(f"training text ({len(corpus)} bytes) is shorter than --seq-len + 1")
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    offsets_in_window = torch.arange(args.seq_len + 1, device=device)
-
+def make_optimizer(model, args, device, torch):
     decay, no_decay = [], []
     for name, prm in model.named_parameters():
         (decay if prm.dim() >= 2 else no_decay).append(prm)
     use_fused = device.type == "cuda"
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=use_fused)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=use_fused), use_fused
+
+
+def train(model, corpus, args, device, torch, log, resume=None):
+    """Runs the training loop; returns the log dict (per-step loss, learning rate and shape, timings).
+
+    resume: None (one run, today's behaviour: --minutes fits the schedule to the budget), or a dict with
+    'dir', 'identity', 'manifest' (None for a first run): --steps is then the whole schedule, --minutes and
+    --stop-after-steps bound this run, and the state is saved every --save-every-minutes and at the end."""
+    import torch.nn.functional as F
+    from . import train_resume
+
+    data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).to(device)
+    segments = args.segments
+    longest = max(length for _, length, _ in segments)
+    if len(corpus) - longest - 1 <= 0:
+        raise TextError(f"training text ({len(corpus)} bytes) is shorter than the longest training sequence + 1 "
+                        f"({longest + 1})")
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    opt, use_fused = make_optimizer(model, args, device, torch)
     amp = (args.amp == "bf16") or (args.amp == "auto" and device.type == "cuda")
     budget_s = args.minutes * 60.0 if args.minutes > 0 else math.inf
     total = args.steps
     warmup = max(1, min(args.warmup, total // 5))
-    losses = torch.zeros(args.steps, device=device)
-    lrs, points, notes = [], [], []
+    # the whole training's per-step log (earlier runs' part restored from the resume folder)
+    hist = {"loss": [], "lr": [], "seq_len": [], "batch": [], "log": [], "notes": [], "runs": []}
+    step = 0
+    if resume is not None and resume["manifest"] is not None:
+        m = resume["manifest"]
+        rng = train_resume.load(resume["dir"], m, model, opt, torch, device)
+        gen.set_state(rng["sampler"])
+        torch.set_rng_state(rng["torch_cpu"])
+        if device.type == "cuda" and "torch_cuda" in rng:
+            torch.cuda.set_rng_state(rng["torch_cuda"], device)
+        hist = m["log"]
+        step = m["step"]
+        log(f"resumed from {resume['dir']} at step {step} of {total} (saved by run {len(hist['runs'])})")
+    run_start_step = step
+    run_losses = torch.zeros(max(0, total - step), device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    offsets = {}
 
+    def generators():
+        g = {"sampler": gen, "torch_cpu": torch.get_rng_state()}
+        if device.type == "cuda":
+            g["torch_cuda"] = torch.cuda.get_rng_state(device)
+        return g
+
+    def flush_losses():  # this run's losses so far into hist (one device sync)
+        lo = len(hist["loss"]) - run_start_step
+        if step > len(hist["loss"]):
+            hist["loss"] += run_losses[lo:step - run_start_step].tolist()
+
+    def save_resume(reason):
+        flush_losses()
+        runs = hist["runs"][:-1] + [dict(hist["runs"][-1], end_step=step,
+                                         wall_s=round(time.perf_counter() - t0, 3))]
+        state = dict(hist, runs=runs)
+        nbytes = train_resume.save(resume["dir"], step, resume["identity"], model, opt, generators(), state, torch,
+                                   moments=args.resume_moments)
+        log(f"saved the training at step {step} to {resume['dir']} ({nbytes / 1e6:.1f} MB; {reason})")
+
+    hist["runs"].append({"run": len(hist["runs"]) + 1, "start_step": step, "device": str(device),
+                         "minutes": args.minutes})
     model.train()
     t0 = time.perf_counter()
-    step = 0
+    last_save = t0
+    mark = None
+    stop_reason = None
     while step < total:
+        seq_len, batch = shape_at(segments, step)
+        if seq_len not in offsets:
+            offsets[seq_len] = torch.arange(seq_len + 1, device=device)
         lr = lr_at(step, total, warmup, args.lr)
         for group in opt.param_groups:
             group["lr"] = lr
-        starts = torch.randint(0, n_windows, (args.batch,), generator=gen).to(device)
-        xy = data[starts[:, None] + offsets_in_window].long()
+        starts = torch.randint(0, len(corpus) - seq_len - 1, (batch,), generator=gen).to(device)
+        xy = data[starts[:, None] + offsets[seq_len]].long()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             logits = model(input_ids=xy[:, :-1], use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
@@ -298,50 +489,78 @@ def train(model, corpus, args, device, torch, log):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses[step] = loss.detach()
-        lrs.append(lr)
+        run_losses[step - run_start_step] = loss.detach()
+        hist["lr"].append(lr)
+        hist["seq_len"].append(int(xy.shape[1]) - 1)
+        hist["batch"].append(int(xy.shape[0]))
         step += 1
+        run_step = step - run_start_step
 
-        fit_now = math.isfinite(budget_s) and step in FIT_STEPS
-        if step <= FIT_STEPS[0] or fit_now or step % args.log_every == 0 or step == total:
+        fit_now = resume is None and math.isfinite(budget_s) and step in FIT_STEPS
+        if run_step <= FIT_STEPS[0] or fit_now or step % args.log_every == 0 or step == total:
             sync()
             now = time.perf_counter() - t0
-            if step == 1 and not math.isfinite(loss.item()):
-                raise RuntimeError("the loss is not finite at the first step")
-            if step == 10:
+            if run_step == 1 and not math.isfinite(loss.item()):
+                raise RuntimeError(f"the loss is not finite at step {step}")
+            if run_step == 10:
                 mark = (step, now)  # steps 1-10 warm up (allocator, kernel selection)
-            if fit_now:  # fit the schedule to the budget, timing the steps since the last mark
+            if fit_now and mark is not None:  # fit the schedule to the budget, timing the steps since the last mark
                 per_step = (now - mark[1]) / (step - mark[0])
                 mark = (step, now)
                 fits = step + int(max(0.0, budget_s * 0.98 - now) / per_step)
                 fitted = min(args.steps, max(step, fits))
                 if fitted != total:
-                    notes.append(f"step {step}: {per_step * 1e3:.1f} ms/step, the {args.minutes:g}-minute budget "
-                                 f"fits {fits} steps (--steps {args.steps}): schedule set to {fitted} steps")
-                    log(notes[-1])
+                    hist["notes"].append(f"step {step}: {per_step * 1e3:.1f} ms/step, the {args.minutes:g}-minute "
+                                         f"budget fits {fits} steps (--steps {args.steps}): schedule set to "
+                                         f"{fitted} steps")
+                    log(hist["notes"][-1])
                     total = fitted
                     warmup = max(1, min(args.warmup, total // 5))
             if step % args.log_every == 0 or step == total:
-                recent = losses[max(0, step - args.log_every):step].mean().item()
-                points.append({"step": step, "loss": recent, "lr": lr, "elapsed_s": round(now, 3)})
+                lo = max(run_start_step, step - args.log_every) - run_start_step
+                recent = run_losses[lo:run_step].mean().item()
+                hist["log"].append({"step": step, "loss": recent, "lr": lr, "seq_len": seq_len, "batch": batch,
+                                    "elapsed_s": round(now, 3), "run": hist["runs"][-1]["run"]})
                 log(f"step {step:6d}/{total}  loss {recent:.4f}  ({recent / math.log(2):.3f} bits/byte)  "
-                    f"lr {lr:.2e}  {now:7.1f} s")
+                    f"lr {lr:.2e}  {seq_len} x {batch}  {now:7.1f} s")
                 if not math.isfinite(recent):
                     raise RuntimeError(f"the training loss is {recent} at step {step}")
-        if step < total and time.perf_counter() - t0 >= budget_s:
-            notes.append(f"stopped at step {step} of {total}: the {args.minutes:g}-minute budget is spent "
-                         "(learning rate not fully decayed)")
-            log(notes[-1])
+        if step >= total:
             break
+        if time.perf_counter() - t0 >= budget_s:
+            stop_reason = f"the {args.minutes:g}-minute budget of this run is spent"
+        elif args.stop_after_steps and run_step >= args.stop_after_steps:
+            stop_reason = f"--stop-after-steps {args.stop_after_steps} reached"
+        if stop_reason:
+            if resume is None:
+                hist["notes"].append(f"stopped at step {step} of {total}: {stop_reason} (learning rate not fully "
+                                     "decayed)")
+                log(hist["notes"][-1])
+            break
+        if resume is not None and args.save_every_minutes > 0 and \
+                time.perf_counter() - last_save >= 60.0 * args.save_every_minutes:
+            sync()
+            save_resume(f"every {args.save_every_minutes:g} minutes")
+            last_save = time.perf_counter()
     sync()
     wall = time.perf_counter() - t0
-    loss_list = losses[:step].tolist()
-    tail = loss_list[-min(len(loss_list), max(1, args.log_every)):]
+    flush_losses()
+    hist["runs"][-1].update(end_step=step, wall_s=round(wall, 3))
+    if resume is not None and (step > run_start_step or resume["manifest"] is None):
+        save_resume(stop_reason or "the last step")
+    finished = step >= total
+    if resume is not None and not finished:
+        log(f"stopped at step {step} of {total}: {stop_reason}; run the same command again to continue")
+    loss_list = hist["loss"]
+    tail = loss_list[-min(len(loss_list), max(1, args.log_every)):] or [math.nan]
+    wall_all = sum(r["wall_s"] for r in hist["runs"])
     return {
-        "steps": step, "scheduled_steps": total, "warmup_steps": warmup, "wall_s": wall,
-        "tokens_seen": step * args.batch * args.seq_len, "loss": loss_list, "lr": lrs[:step], "log": points,
-        "final_loss": sum(tail) / len(tail), "final_loss_steps": len(tail), "amp_bf16": amp, "notes": notes,
-        "ms_per_step": 1e3 * wall / max(1, step), "fused_adamw": use_fused,
+        "finished": finished, "steps": step, "scheduled_steps": total, "warmup_steps": warmup, "wall_s": wall_all,
+        "tokens_seen": sum(a * b for a, b in zip(hist["seq_len"], hist["batch"])), "loss": loss_list,
+        "lr": hist["lr"], "seq_len": hist["seq_len"], "batch": hist["batch"], "log": hist["log"],
+        "final_loss": sum(tail) / len(tail), "final_loss_steps": len(tail), "amp_bf16": amp,
+        "notes": hist["notes"], "runs": hist["runs"], "ms_per_step": 1e3 * wall_all / max(1, step),
+        "fused_adamw": use_fused,
     }
 
 
@@ -403,6 +622,15 @@ def _fmt_bytes(n):
     return f"{n:,} bytes ({n / 2 ** 20:.2f} MiB)"
 
 
+def shape_text(a):
+    """'batch 16 x 1024 bytes', or the context schedule with its batches."""
+    segs = a["segments"]
+    if len(segs) == 1:
+        return f"batch {segs[0][2]} x {segs[0][1]} bytes"
+    return (f"{a['tokens_per_step']:,} tokens per step; context schedule (--seq-len-schedule "
+            f"{a['seq_len_schedule']}): " + ", ".join(f"{b} x {n} bytes from step {s}" for s, n, b in segs))
+
+
 def write_card(path, info):
     c = info
     lines = [f"# {c['name']}: byte-level {c['arch_title']} trained by scripts/train_tiny.py", "",
@@ -422,7 +650,7 @@ def write_card(path, info):
               "- files: " + ", ".join(f"{b['file']} ({b['text_bytes']:,})" for b in c["books"]), "",
               "## Training", "",
               f"- steps: {c['steps']} (scheduled {c['scheduled_steps']}, --steps {c['args']['steps']}, "
-              f"--minutes {c['args']['minutes']:g}), batch {c['args']['batch']} x {c['args']['seq_len']} bytes",
+              f"--minutes {c['args']['minutes']:g}), " + shape_text(c['args']),
               f"- tokens seen: {c['tokens_seen']:,} ({c['tokens_seen'] / max(1, c['text_bytes']):.2f} passes "
               "over the text)",
               f"- optimiser: AdamW (betas 0.9/0.95, weight decay {c['args']['weight_decay']:g} on matrices), "
@@ -436,6 +664,10 @@ def write_card(path, info):
               f"- seed: {c['args']['seed']}",
               f"- final training loss: {c['final_loss']:.4f} nats/byte = {c['final_loss'] / math.log(2):.4f} "
               f"bits/byte (mean of the last {c['final_loss_steps']} steps); curve in train_log.json"]
+    runs = c.get("runs") or []
+    if len(runs) > 1 or (runs and c["args"].get("resume_dir")):
+        lines += [f"- runs: {len(runs)} (resumed from `--resume-dir`): " + ", ".join(
+            f"steps {r['start_step']}-{r['end_step']} on {r['device']} in {r['wall_s']:.0f} s" for r in runs)]
     lines += [f"- note: {n}" for n in c["notes"]]
     lines += ["", "## Bits per byte on the PG-19 test books", ""]
     ev = c["eval"]
@@ -452,6 +684,7 @@ def write_card(path, info):
                   for r in ev["books"]]
         lines += [f"| **all** | {ev['predicted_bytes']:,} predicted | **{ev['bpb_streamed']:.4f}** | "
                   f"**{ev['bpb_windowed']:.4f}** |", "", f"Evaluation time: {c['eval_s']:.1f} s."]
+    lines += [""] + decay_section(c)
     lines += ["", "## Software", "",
               f"- transformers {c['versions']['transformers']}, torch {c['versions']['torch']}, "
               f"python {c['versions']['python']}, {c['versions']['platform']}",
@@ -474,6 +707,134 @@ def with_option(argv, flag, value):
     return out + [flag, value]
 
 
+def without_option(argv, flag):
+    """argv without `flag X` / `flag=X`."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == flag:
+            i += 2
+            continue
+        if not argv[i].startswith(flag + "="):
+            out.append(argv[i])
+        i += 1
+    return out
+
+
+# The arguments that fix a training's result: a resumed run must repeat them (train_resume.check_identity).
+IDENTITY_ARGS = ("arch", "preset", "steps", "segments", "tokens_per_step", "seed", "lr", "warmup", "weight_decay",
+                 "amp", "mamba_scan", "decay_init", "init_memory", "resume_moments")
+
+
+def training_identity(args, corpus):
+    ident = {f"--{k.replace('_', '-')}": json.loads(json.dumps(getattr(args, k))) for k in IDENTITY_ARGS}
+    ident["training text sha256"] = hashlib.sha256(corpus).hexdigest()
+    return ident
+
+
+def decay_spectrum(out, args, log):
+    """Runs `replayssm info OUT --decays` on the PG-19 test books (decays.json beside the card). Returns
+    (the JSON's content plus the command, None) or (None, why it was skipped)."""
+    import subprocess
+    exe = pathlib.Path(args.replayssm)
+    if args.decay_length == 0:
+        return None, "--decay-length 0"
+    if not exe.exists():
+        return None, f"no replayssm binary at `{args.replayssm}` (build it, or give --replayssm BIN)"
+    if not pathlib.Path(args.pg19_dir).is_dir():
+        return None, f"the PG-19 test folder `{args.pg19_dir}` does not exist"
+    target = out / "decays.json"
+    cmd = [str(exe), "info", str(out), "--decays", "--text-dir", str(args.pg19_dir), "--length",
+           str(args.decay_length), "--books", "4", "--windows", "16", "--json", str(target), "--force"]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, f"`{shlex.join(cmd)}` failed (exit {r.returncode}): {r.stderr.strip()[-500:]}"
+    j = json.loads(target.read_text())
+    j["command"] = shlex.join(["replayssm", *cmd[1:-1]])
+    j["seconds"] = round(time.perf_counter() - t0, 1)
+    s = j["summary"]
+    log(f"decay spectrum: {s['heads']} heads, median memory {s['median_memory_tokens']}, "
+        f"{s['long_memory_heads']} with >= {s['long_memory_tokens']:.0f} tokens ({j['seconds']} s)")
+    return j, None
+
+
+def _tokens(x):
+    return "inf" if x is None else (f"{x:,.0f}" if x >= 100 else f"{x:.1f}")
+
+
+def decay_section(c):
+    """The card's "Decay spectrum" lines (data/models/README.md)."""
+    lines = ["## Decay spectrum (how long the heads remember)", ""]
+    init = c.get("init_memories") or []
+    if c["args"].get("decay_init") == "log-uniform":
+        lo, hi = c["args"]["init_memory"]
+        lines += [f"Initialisation (`--decay-init log-uniform`): each SSM head's A_log and dt_bias set so that its "
+                  f"memory 1/(1 - alpha) with the input's share of dt at 0 is a quantile of the log-uniform law on "
+                  f"[{lo:g}, {hi:g}] tokens, every layer spanning the whole range (train.py init_long_memory)."]
+    else:
+        lines += ["Initialisation: transformers' own (`--decay-init transformers`)."]
+    flat = sorted(m for layer in init for m in layer)
+    if flat:
+        lines += [f"From the initial weights (input's share of dt at 0): {len(flat)} heads, memory "
+                  f"{_tokens(flat[0])} to {_tokens(flat[-1])} tokens, median {_tokens(flat[len(flat) // 2])}.", ""]
+    d = c.get("decays")
+    if d is None:
+        return lines + [f"Measured on text: skipped ({c.get('decays_note')})."]
+    s = d["summary"]
+    n = s["heads"]
+    lines += [f"`{d['command']}` (CPU, FP32 state; the first {d['positions_per_book']:,} bytes of each PG-19 test "
+              f"book after stripping; {d['seconds']} s). Effective memory of a head: 1/(1 − mean α) tokens over "
+              f"every position. {n} SSM heads: median {_tokens(s['median_memory_tokens'])} tokens, largest "
+              f"{_tokens(s['max_memory_tokens'])}; heads with memory ≥ {s['long_memory_tokens']:,.0f} tokens "
+              f"(where state errors accumulate over 128K): **{s['long_memory_heads']} of {n}**.", "",
+              "| memory (tokens) | heads |", "|---|---|"]
+    lines += [f"| {name} | {k} |" for name, k in zip(s["decades"], s["heads_per_decade"])]
+    books = ", ".join(f"{b['name']} {b['bits_per_byte']:.4f}" for b in d["books"])
+    lines += ["", f"Bits per byte of the same run (replayssm's forward, {d['positions_per_book']:,} positions per "
+                  f"book): {books}; mean {d['mean_bits_per_byte']:.4f}. Per-head α histograms and quantiles and γ "
+                  "over L = 16: `decays.json` beside this card."]
+    return lines
+
+
+def splice_section(card, heading_prefix, lines, before="## Software"):
+    """The card's text with the section whose heading starts with heading_prefix replaced by `lines` (or
+    inserted before the `before` heading)."""
+    rows = card.split("\n")
+    start = next((i for i, r in enumerate(rows) if r.startswith(heading_prefix)), None)
+    if start is None:
+        at = next((i for i, r in enumerate(rows) if r.startswith(before)), len(rows))
+        return "\n".join(rows[:at] + lines + [""] + rows[at:])
+    end = next((i for i in range(start + 1, len(rows)) if rows[i].startswith("## ")), len(rows))
+    return "\n".join(rows[:start] + lines + [""] + rows[end:])
+
+
+def add_decays(args):
+    """scripts/train_tiny.py --add-decays DIR: measures the decay spectrum of a trained folder (one trained where
+    no replayssm binary was, e.g. on a GPU machine) and writes it into its card, train_log.json and decays.json."""
+    def log(msg):
+        print(f"[train_tiny add-decays] {msg}", file=sys.stderr, flush=True)
+
+    out = pathlib.Path(args.add_decays)
+    card_path, log_path = out / "MODEL_CARD.md", out / "train_log.json"
+    for f in (card_path, log_path):
+        if not f.exists():
+            print(f"train_tiny.py: --add-decays {out}: {f.name} is missing (a folder written by train_tiny.py?)",
+                  file=sys.stderr)
+            return EXIT_REFUSED
+    train_log = json.loads(log_path.read_text())
+    decays, note = decay_spectrum(out, args, log)
+    if decays is None:
+        print(f"train_tiny.py: --add-decays {out}: {note}", file=sys.stderr)
+        return EXIT_REFUSED
+    c = {"args": train_log["args"], "init_memories": train_log.get("init_memory_tokens"), "decays": decays}
+    card = splice_section(card_path.read_text(), "## Decay spectrum", decay_section(c))
+    write_text_atomically(card_path, card)
+    train_log["decays"], train_log["decays_note"] = decays, None
+    write_text_atomically(log_path, json.dumps(train_log, indent=1) + "\n")
+    log(f"wrote the decay spectrum into {card_path} and {log_path}")
+    return 0
+
+
 def run(args, argv, script):
     """The whole run of scripts/train_tiny.py: args as it parsed them, argv and the script's path
     for the card's command lines. Returns the exit status (EXIT_REFUSED for unusable text or output)."""
@@ -493,6 +854,22 @@ def run(args, argv, script):
     if out.exists() and any(out.iterdir()) and not args.force:
         print(f"train_tiny.py: {out} exists and is not empty (--force replaces it)", file=sys.stderr)
         return EXIT_REFUSED
+    resume = None
+    if args.resume_dir:
+        from . import train_resume
+        identity = training_identity(args, corpus)
+        try:
+            manifest = train_resume.read_manifest(args.resume_dir)
+            if manifest is not None:
+                train_resume.check_identity(manifest, identity, args.resume_dir)
+                if manifest.get("finished"):
+                    raise train_resume.ResumeError(
+                        f"{args.resume_dir} holds a finished training (step {manifest['step']}, written to "
+                        f"{manifest['finished']['out']}): nothing to continue; another --resume-dir starts anew")
+        except train_resume.ResumeError as e:
+            print(f"train_tiny.py: {e}", file=sys.stderr)
+            return EXIT_REFUSED
+        resume = {"dir": args.resume_dir, "identity": identity, "manifest": manifest}
     pg19 = pathlib.Path(args.pg19_dir)
     exclusion = (f"the training folder is not `{args.pg19_dir}` and shares no file name or contents with its "
                  f"{sum(p.suffix.lower() == '.txt' for p in pg19.iterdir())} .txt files" if pg19.is_dir() else
@@ -516,16 +893,28 @@ def run(args, argv, script):
         torch.backends.cuda.matmul.allow_tf32 = True  # the float32 SSM matmuls in training
         torch.backends.cudnn.allow_tf32 = True
 
+    if resume is not None and resume["manifest"] is not None and \
+            resume["manifest"]["identity"].get("device_type") != device.type:
+        print(f"train_tiny.py: {args.resume_dir} holds a training on {resume['manifest']['identity'].get('device_type')}"
+              f", this run is on {device.type}: give --device {resume['manifest']['identity'].get('device_type')} to "
+              "continue it", file=sys.stderr)
+        return EXIT_REFUSED
+    if resume is not None:
+        resume["identity"]["device_type"] = device.type
+
     config = build_config(args.arch, args.preset, transformers)
     model = build_model(args.arch, config, transformers).to(torch.float32).to(device)
+    init_targets = init_long_memory(model, torch, *args.init_memory) if args.decay_init == "log-uniform" else None
+    init_memories = head_memories(model, torch)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{type(model).__name__} {layer_pattern(args.arch, config)}: {n_params:,} parameters on {device}")
 
     scan = None
-    if args.arch == "mamba2" and args.mamba_scan == "einsum" and not fast_paths()["mamba_ssm"]:
+    uses_mamba2 = args.arch in ("mamba2", "nemotron_h")
+    if uses_mamba2 and args.mamba_scan == "einsum" and not fast_paths()["mamba_ssm"]:
         from transformers.models.mamba2 import modeling_mamba2
         scan = make_einsum_chunk_scan(modeling_mamba2.mamba2_chunk_scan)
-    if args.arch == "mamba2":
+    if uses_mamba2:
         scan_note = ("mamba_ssm kernels" if fast_paths()["mamba_ssm"] else
                      "Mamba-2 chunk scan in einsum form (replayssm_py/train.py) for training, transformers' reference "
                      "torch scan for evaluation" if scan is not None else "transformers' reference torch scan")
@@ -533,10 +922,13 @@ def run(args, argv, script):
         scan_note = "flash-linear-attention kernels" if fast_paths()["fla"] else \
             "transformers' reference torch Gated DeltaNet (chunked)"
 
+    log(f"SSM code: {scan_note}; optional kernels importable: {fast_paths()}")
     with MambaScan(scan):
-        result = train(model, corpus, args, device, torch, log)
+        result = train(model, corpus, args, device, torch, log, resume)
     log(f"trained {result['steps']} steps in {result['wall_s']:.1f} s ({result['ms_per_step']:.1f} ms/step), "
         f"final loss {result['final_loss']:.4f}")
+    if not result["finished"]:
+        return 0
 
     model = model.to(torch.float32)
     t_eval = time.perf_counter()
@@ -567,19 +959,23 @@ def run(args, argv, script):
     if ckpt_bytes > MAX_CHECKPOINT_BYTES:
         log(f"warning: model.safetensors is {ckpt_bytes / 1e6:.1f} MB, over the 25 MB target")
 
+    decays, decays_note = decay_spectrum(out, args, log)
+
     command = "python3 " + shlex.join([os.path.relpath(script, os.getcwd()), *argv])
-    repeat = with_option(with_option(argv, "--steps", str(result["steps"])), "--minutes", "0")
+    repeat = without_option(with_option(with_option(argv, "--steps", str(result["steps"])), "--minutes", "0"),
+                            "--resume-dir")
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     info = {
         "name": out.name, "arch": args.arch,
-        "arch_title": "Mamba-2" if args.arch == "mamba2" else "Qwen3.5-style Gated DeltaNet hybrid",
+        "arch_title": ARCH_TITLES[args.arch],
         "model_class": type(model).__name__, "model_type": config.model_type,
         "pattern": layer_pattern(args.arch, config),
-        "pattern_legend": "M Mamba-2" if args.arch == "mamba2" else "G Gated DeltaNet, * gated attention",
+        "pattern_legend": PATTERN_LEGENDS[args.arch],
         "parameters": n_params, "checkpoint_bytes": ckpt_bytes,
-        "special_ids": ("pad_token_id 0 (NUL, never in the text), bos/eos none" if args.arch == "mamba2" else
-                        "pad/bos/eos none"),
+        "special_ids": ("pad/bos/eos none" if args.arch == "qwen3_5" else
+                        "pad_token_id 0 (NUL, never in the text), bos/eos none"),
+        "decays": decays, "decays_note": decays_note, "init_memories": init_memories, "init_targets": init_targets,
         "config_rows": config_summary(args.arch, config), "train_dir": args.train_dir, "books": books,
         "raw_bytes": sum(b["raw_bytes"] for b in books), "text_bytes": len(corpus), "exclusion": exclusion,
         "args": vars(args), "scan_note": scan_note, "device": dev_name, "eval": ev, "eval_skipped": skipped,
@@ -590,16 +986,23 @@ def run(args, argv, script):
         "command": command, "repeat_command": "python3 " + shlex.join([os.path.relpath(script, os.getcwd()),
                                                                        *repeat]),
         **{k: result[k] for k in ("steps", "scheduled_steps", "warmup_steps", "tokens_seen", "wall_s",
-                                  "ms_per_step", "final_loss", "final_loss_steps", "amp_bf16", "notes")},
+                                  "ms_per_step", "final_loss", "final_loss_steps", "amp_bf16", "notes",
+                                  "runs")},
     }
     write_card(out / "MODEL_CARD.md", info)
     train_log = {
         "format": "replayssm-train-log", "version": 1, "arch": args.arch, "model_class": info["model_class"],
         "parameters": n_params, "args": vars(args), "command": command, "device": dev_name,
         "versions": info["versions"], "books": books, "text_bytes": len(corpus),
-        "tokens_per_step": args.batch * args.seq_len, "eval": ev, "eval_skipped": skipped,
+        "tokens_per_step": args.tokens_per_step, "eval": ev, "eval_skipped": skipped,
+        "decay_init": args.decay_init, "init_memory_tokens": init_memories, "decays": decays,
+        "decays_note": decays_note,
         **{k: v for k, v in result.items()},
     }
     write_text_atomically(out / "train_log.json", json.dumps(train_log, indent=1) + "\n")
     log(f"wrote {out} ({ckpt_bytes / 1e6:.2f} MB checkpoint) in {info['total_s']:.1f} s")
+    if resume is not None:  # the training is in --out now: only a note stays (small, for the transfer back)
+        from . import train_resume
+        train_resume.mark_finished(args.resume_dir, result["steps"], str(out))
+        log(f"{args.resume_dir}: the saved state is removed, resume.json records the finished training")
     return 0

@@ -1,6 +1,7 @@
 """scripts/train_tiny.py and replayssm_py.train: Gutenberg stripping of training-shaped books, the PG-19
-test-set refusal, option checks, and a few training steps of both architectures on the CPU (tiny preset,
-synthetic books, temporary folders).
+test-set refusal, option checks, and a few training steps of the three architectures on the CPU (tiny preset,
+synthetic books, temporary folders): reload with transformers and replayssm, resume bit for bit after a
+stop, the context schedule, the long-memory initialisation and the card's decay spectrum.
 
 The stripping and refusal tests need only the standard library. The training tests need torch and
 transformers; without them they are skipped with the reason shown (pytest -rs). Run:
@@ -21,6 +22,7 @@ import pytest
 from conftest import ROOT, checkout_env, replayssm_binary
 from replayssm_py import text
 from replayssm_py import train as tt
+from replayssm_py import train_resume
 
 SCRIPT = ROOT / "scripts" / "train_tiny.py"
 SHARED = ROOT.parent / "shared" / "data"
@@ -33,7 +35,8 @@ def _torch_problem():
         import transformers
     except Exception as e:  # ImportError, or a broken installation
         return f"torch/transformers not importable ({type(e).__name__}: {e})"
-    classes = ("Mamba2ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5TextConfig")
+    classes = ("Mamba2ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5TextConfig", "NemotronHForCausalLM",
+               "NemotronHConfig")
     missing = [c for c in classes if not hasattr(transformers, c)]
     if missing:
         return f"transformers {transformers.__version__} lacks {', '.join(missing)}"
@@ -220,42 +223,79 @@ def safetensors_dtypes(path):
     return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
 
 
+ARCHS = ("mamba2", "qwen3_5", "nemotron_h")
+MODEL_CLASS = {"mamba2": "Mamba2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM", "nemotron_h": "NemotronHForCausalLM"}
+MODEL_TYPE = {"mamba2": "mamba2", "qwen3_5": "qwen3_5_text", "nemotron_h": "nemotron_h"}
+
+
+SCHEDULE = "32:0,64:0.3,128:0.6"  # over 10 steps: 32 bytes for steps 0-2, 64 for 3-5, 128 for 6-9
+TOKENS_PER_STEP = 256
+
+
+def train_args(arch, train, pg19, out, *extra):
+    return ["--arch", arch, "--preset", "tiny", "--train-dir", train, "--pg19-dir", pg19, "--out", out,
+            "--steps", 10, "--seq-len-schedule", SCHEDULE, "--tokens-per-step", TOKENS_PER_STEP, "--device", "cpu",
+            "--seed", 5, "--log-every", 5, "--decay-init", "log-uniform", "--eval-bytes", 1500, "--eval-chunk", 200,
+            "--eval-batch", 3, "--replayssm", replayssm_binary(), "--decay-length", 1000, *extra]
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """Both architectures, tiny preset, 8 steps on the CPU; mamba2 twice for the determinism check."""
+    """Per architecture (tiny preset, CPU, 10 steps with the context schedule and the long-memory
+    initialisation): one uninterrupted run without --resume-dir ("whole"), and the same training split in two
+    runs ("split": --stop-after-steps 4 into --resume-dir, then the same command). The mamba2 resume folder is
+    also copied at step 4 ("saved_at_4") for the damaged-file test."""
+    import shutil
+
     if TORCH_PROBLEM is not None:
         pytest.skip(TORCH_PROBLEM)
     tmp = tmp_path_factory.mktemp("train_tiny")
     train, pg19 = make_dirs(tmp)
     runs = {}
-    for name, arch in (("mamba2", "mamba2"), ("qwen3_5", "qwen3_5"), ("mamba2_again", "mamba2")):
-        out = tmp / name
-        args = ["--arch", arch, "--preset", "tiny", "--train-dir", train, "--pg19-dir", pg19, "--out", out,
-                "--steps", 8, "--seq-len", 64, "--batch", 4, "--device", "cpu", "--seed", 5, "--log-every", 4,
-                "--eval-bytes", 1500, "--eval-chunk", 200, "--eval-batch", 3]
-        r = run_script(args)
+    for arch in ARCHS:
+        whole, split, rd = tmp / f"{arch}_whole", tmp / f"{arch}_split", tmp / f"{arch}_resume"
+        r = run_script(train_args(arch, train, pg19, whole))
         assert r.returncode == 0, r.stderr[-3000:]
-        runs[name] = (out, r)
-    return runs, pg19
+        first = run_script(train_args(arch, train, pg19, split, "--resume-dir", rd, "--stop-after-steps", 4))
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert "stopped at step 4 of 10: --stop-after-steps 4 reached" in first.stderr
+        assert not split.exists()  # nothing in --out before the last step
+        manifest = json.loads((rd / "resume.json").read_text())
+        assert sorted(p.name for p in rd.iterdir()) == sorted(["resume.json"] + [s["file"] for s in manifest["shards"]])
+        if arch == "mamba2":
+            shutil.copytree(rd, tmp / "saved_at_4")
+        second = run_script(train_args(arch, train, pg19, split, "--resume-dir", rd))
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert "resumed from" in second.stderr and "at step 4 of 10" in second.stderr
+        runs[arch] = {"whole": whole, "split": split, "resume_dir": rd, "manifest_at_4": manifest}
+    runs["saved_at_4"] = tmp / "saved_at_4"
+    return runs, train, pg19
+
+
+def have_replayssm():
+    return pathlib.Path(replayssm_binary()).exists()
 
 
 @needs_torch
-@pytest.mark.parametrize("arch", ["mamba2", "qwen3_5"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_checkpoint_reloads_with_transformers(trained, arch):
     import torch
     import transformers
 
-    runs, pg19 = trained
-    out, _ = runs[arch]
-    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "MODEL_CARD.md", "train_log.json"}
+    runs, _, pg19 = trained
+    out = runs[arch]["whole"]
+    files = {"config.json", "model.safetensors", "MODEL_CARD.md", "train_log.json"}
+    assert {p.name for p in out.iterdir()} == files | ({"decays.json"} if have_replayssm() else set())
     assert safetensors_dtypes(out / "model.safetensors") == {"F32"}
     config = json.loads((out / "config.json").read_text())
     assert config["vocab_size"] == 256
-    assert config["model_type"] == {"mamba2": "mamba2", "qwen3_5": "qwen3_5_text"}[arch]
-    assert config["architectures"] == [{"mamba2": "Mamba2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM"}[arch]]
+    assert config["model_type"] == MODEL_TYPE[arch]
+    assert config["architectures"] == [MODEL_CLASS[arch]]
     if arch == "qwen3_5":
         assert "full_attention" in config["layer_types"] and "linear_attention" in config["layer_types"]
         assert config["linear_num_value_heads"] > config["linear_num_key_heads"]
+    if arch == "nemotron_h":  # Mamba-2, attention and MLP layers
+        assert set(config["layers_block_type"]) == {"linear_attention", "full_attention", "mlp"}
 
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert type(model).__name__ == config["architectures"][0]
@@ -275,29 +315,41 @@ def test_checkpoint_reloads_with_transformers(trained, arch):
 
 
 @needs_torch
-@pytest.mark.parametrize("arch", ["mamba2", "qwen3_5"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_card_and_log(trained, arch):
-    runs, _ = trained
-    out, r = runs[arch]
+    runs, _, _ = trained
+    out = runs[arch]["whole"]
     card = (out / "MODEL_CARD.md").read_text()
     for field in CARD_FIELDS:
         assert field in card, field
     template = (ROOT / "data" / "models" / "README.md").read_text()
     for heading in (line for line in card.splitlines() if line.startswith("## ")):
         assert heading in template, f"{heading} is missing from the template in data/models/README.md"
-    assert "--steps 8" in card and "2000.txt" in card and "2002.txt" in card and "SOURCES" not in card
+    assert "--steps 10" in card and "2000.txt" in card and "2002.txt" in card and "SOURCES" not in card
     log = json.loads((out / "train_log.json").read_text())
-    assert log["steps"] == 8 and len(log["loss"]) == 8 and len(log["lr"]) == 8
+    assert log["steps"] == 10 and len(log["loss"]) == 10 and len(log["lr"]) == 10
     assert all(math.isfinite(x) for x in log["loss"]) and log["loss"][-1] < log["loss"][0]
-    assert log["tokens_seen"] == 8 * 4 * 64
+    assert log["tokens_seen"] == 10 * TOKENS_PER_STEP
     assert len(log["books"]) == 3 and log["eval"] is not None and len(log["eval"]["books"]) == 4
     assert 0 < log["eval"]["bpb_streamed"] < 9 and 0 < log["eval"]["bpb_windowed"] < 9
+    assert "## Decay spectrum (how long the heads remember)" in card
+    if have_replayssm():  # the spectrum replayssm measured is the one in the card
+        decays = json.loads((out / "decays.json").read_text())
+        s = decays["summary"]
+        assert decays["positions_per_book"] == 1000 and len(decays["books"]) == 4
+        assert f"heads with memory ≥ 1,000 tokens (where state errors accumulate over 128K): " \
+               f"**{s['long_memory_heads']} of {s['heads']}**" in card
+        assert f"mean {decays['mean_bits_per_byte']:.4f}" in card
+        assert log["decays"]["summary"] == s
+    else:
+        assert "Measured on text: skipped (no replayssm binary at" in card
 
 
 @needs_torch
 def test_deterministic_given_the_seed(trained):
-    runs, _ = trained
-    a, b = runs["mamba2"][0], runs["mamba2_again"][0]
+    """Two processes with the same seed (the second one's training split in two runs) make the same weights."""
+    runs, _, _ = trained
+    a, b = runs["mamba2"]["whole"], runs["mamba2"]["split"]
     digest = [hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest() for d in (a, b)]
     assert digest[0] == digest[1]
     losses = [json.loads((d / "train_log.json").read_text())["loss"] for d in (a, b)]
@@ -314,6 +366,7 @@ def test_skips_evaluation_without_pg19(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     card = (out / "MODEL_CARD.md").read_text()
     assert "Skipped: the PG-19 test folder" in card and "not found, so only its path was checked" in card
+    assert "Measured on text: skipped (" in card
     r = run_script(["--arch", "qwen3_5", "--preset", "tiny", "--train-dir", train, "--pg19-dir", tmp_path / "missing",
                     "--out", out, "--steps", 2])
     assert r.returncode == 2 and "not empty" in r.stderr
@@ -351,17 +404,20 @@ def test_einsum_scan_matches_transformers_scan():
 
 
 @needs_torch
-def test_einsum_scan_inside_the_model():
-    """Under MambaScan the Mamba2 mixer really calls the einsum scan in training, with the same loss and gradients
-    as transformers' own path; outside it, transformers' scan is back."""
+@pytest.mark.parametrize("arch", ["mamba2", "nemotron_h"])
+def test_einsum_scan_inside_the_model(arch):
+    """Under MambaScan the Mamba-2 mixers (Mamba2's and NemotronH's) really call the einsum scan in training, with
+    the same loss and gradients as transformers' own path; outside it, transformers' scan is back."""
     import torch
     import transformers
     from transformers.models.mamba2 import modeling_mamba2
+    from transformers.models.nemotron_h import modeling_nemotron_h
 
     torch.manual_seed(3)
-    config = tt.build_config("mamba2", "tiny", transformers)
-    config.time_step_limit = (0.004, 0.3)
-    model = tt.build_model("mamba2", config, transformers).train()
+    config = tt.build_config(arch, "tiny", transformers)
+    if arch == "mamba2":
+        config.time_step_limit = (0.004, 0.3)
+    model = tt.build_model(arch, config, transformers).train()
     ids = torch.randint(0, 256, (2, 45), generator=torch.Generator().manual_seed(4))
     calls = []
     fast = tt.make_einsum_chunk_scan(modeling_mamba2.mamba2_chunk_scan)
@@ -378,8 +434,8 @@ def test_einsum_scan_inside_the_model():
         loss = torch.nn.functional.cross_entropy(logits[0], ids[0].roll(-1))
         loss.backward()
         results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
-    assert len(calls) == config.num_hidden_layers
-    assert modeling_mamba2.mamba2_chunk_scan is not counted
+    assert len(calls) == tt.layer_pattern(arch, config).count("M")
+    assert modeling_mamba2.mamba2_chunk_scan is not counted and modeling_nemotron_h.mamba2_chunk_scan is not counted
     assert results[1][0] == pytest.approx(results[0][0], rel=1e-6)
     for a, b in zip(results[0][1], results[1][1]):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6 * a.abs().max().item())
@@ -395,11 +451,11 @@ def test_trained_checkpoint_runs_in_replayssm(trained, tmp_path):
     exe = pathlib.Path(replayssm_binary())
     if not exe.exists():
         pytest.skip(f"{exe} not built")
-    runs, pg19 = trained
+    runs, _, pg19 = trained
     ids = np.frombuffer(text.strip_book(pg19 / "10146.txt")[:300], np.uint8).astype(np.int32)
     np.save(tmp_path / "ids.npy", ids)
-    for arch in ("mamba2", "qwen3_5"):
-        out = runs[arch][0]
+    for arch in ARCHS:
+        out = runs[arch]["whole"]
         log = json.loads((out / "train_log.json").read_text())
         info = subprocess.run([str(exe), "info", str(out)], capture_output=True, text=True)
         assert info.returncode == 0 and f"parameters     {log['parameters']}" in info.stdout, info.stderr
@@ -413,3 +469,169 @@ def test_trained_checkpoint_runs_in_replayssm(trained, tmp_path):
                                           use_cache=False).logits[0].double(), -1).numpy()
         lp = np.load(tmp_path / f"{arch}.npy")
         assert np.abs(lp - ref).max() / max(1.0, np.abs(ref).max()) < 1e-4
+
+
+# ---- resumable training, the context schedule, the long-memory initialisation --------------------------------
+
+@needs_torch
+@pytest.mark.parametrize("arch", ARCHS)
+def test_resumed_training_equals_the_uninterrupted_one(trained, arch):
+    runs, _, _ = trained
+    r = runs[arch]
+    digest = [hashlib.sha256((r[k] / "model.safetensors").read_bytes()).hexdigest() for k in ("whole", "split")]
+    assert digest[0] == digest[1]
+    logs = [json.loads((r[k] / "train_log.json").read_text()) for k in ("whole", "split")]
+    for key in ("loss", "lr", "seq_len", "batch"):
+        assert logs[0][key] == logs[1][key], key
+    assert logs[0]["eval"] == logs[1]["eval"]
+    assert [(x["start_step"], x["end_step"]) for x in logs[1]["runs"]] == [(0, 4), (4, 10)]
+    assert "- runs: 2 (resumed from `--resume-dir`)" in (r["split"] / "MODEL_CARD.md").read_text()
+    # the save at step 4, and the final save: shards within the size that travels, named by the manifest
+    m4 = r["manifest_at_4"]
+    assert m4["step"] == 4 and len(m4["log"]["loss"]) == 4
+    assert m4["log"]["loss"] == logs[0]["loss"][:4]
+    assert sorted(p.name for p in r["resume_dir"].iterdir()) == ["resume.json"]  # finished: the state removed
+    final = json.loads((r["resume_dir"] / "resume.json").read_text())
+    assert final["step"] == 10 and final["finished"] == {"step": 10, "out": str(r["split"])}
+    assert m4["shards"] and all(s["bytes"] <= train_resume.SHARD_BYTES + 2 ** 20 for s in m4["shards"])
+
+
+@needs_torch
+def test_resume_refuses_other_arguments_and_damaged_files(trained, tmp_path):
+    runs, train, pg19 = trained
+    rd = runs["mamba2"]["resume_dir"]
+    out = tmp_path / "o"
+    r = run_script(train_args("mamba2", train, pg19, out, "--resume-dir", rd, "--lr", "0.002", "--seed", 8))
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "holds a training with other arguments" in r.stderr
+    assert "--lr: 0.003 when saved, 0.002 now" in r.stderr and "--seed: 5 when saved, 8 now" in r.stderr
+    r = run_script(train_args("mamba2", train, pg19, out, "--resume-dir", rd, "--steps", 12))
+    assert r.returncode == 2 and "--steps: 10 when saved, 12 now" in r.stderr, r.stderr[-3000:]
+    r = run_script(train_args("mamba2", train, pg19, out, "--resume-dir", rd))
+    assert r.returncode == 2 and "holds a finished training (step 10" in r.stderr, r.stderr[-3000:]
+    (train / "2009.txt").write_bytes(b"another book\n")  # other training text
+    r = run_script(train_args("mamba2", train, pg19, out, "--resume-dir", rd))
+    (train / "2009.txt").unlink()
+    assert r.returncode == 2 and "training text sha256:" in r.stderr, r.stderr[-3000:]
+    r = run_script(train_args("mamba2", train, pg19, out, "--resume-dir", ROOT / "data" / "models" / "x"))
+    assert r.returncode == 2 and "is inside data/models" in r.stderr, r.stderr[-3000:]
+    r = run_script(train_args("mamba2", train, pg19, out, "--stop-after-steps", 3))
+    assert r.returncode == 2 and "--stop-after-steps goes with --resume-dir" in r.stderr
+    assert not out.exists()
+
+
+@needs_torch
+def test_resume_refuses_a_damaged_shard(trained, tmp_path):
+    import shutil
+
+    runs, train, pg19 = trained
+    rd = tmp_path / "resume"
+    shutil.copytree(runs["saved_at_4"], rd)
+    shard = next(rd.glob("state-*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-7])  # cut short, as a broken transfer would
+    r = run_script(train_args("mamba2", train, pg19, tmp_path / "o", "--resume-dir", rd))
+    assert r.returncode != 0 and "sha256 differs" in r.stderr and shard.name in r.stderr, r.stderr[-3000:]
+    assert not (tmp_path / "o").exists()
+
+
+@needs_torch
+def test_context_schedule_is_followed(trained):
+    runs, _, _ = trained
+    log = json.loads((runs["qwen3_5"]["split"] / "train_log.json").read_text())
+    expect = [32] * 3 + [64] * 3 + [128] * 4
+    assert log["seq_len"] == expect
+    assert log["batch"] == [TOKENS_PER_STEP // n for n in expect]
+    assert log["tokens_seen"] == 10 * TOKENS_PER_STEP and log["tokens_per_step"] == TOKENS_PER_STEP
+    assert log["args"]["segments"] == [[0, 32, 8], [3, 64, 4], [6, 128, 2]]
+    card = (runs["qwen3_5"]["whole"] / "MODEL_CARD.md").read_text()
+    assert "context schedule (--seq-len-schedule 32:0,64:0.3,128:0.6): 8 x 32 bytes from step 0, 4 x 64 bytes " \
+           "from step 3, 2 x 128 bytes from step 6" in card
+    assert "independent windows of 128 bytes" in card  # the windowed evaluation uses the final length
+
+
+def test_context_schedule_parsing():
+    assert tt.parse_seq_len_schedule("1024:0,4096:0.3,16384:0.6") == [(1024, 0.0), (4096, 0.3), (16384, 0.6)]
+    assert tt.schedule_steps([(1024, 0.0), (4096, 0.3), (16384, 0.6)], 1000, 16384) == \
+        [(0, 1024, 16), (300, 4096, 4), (600, 16384, 1)]
+    for bad, why in (("1024:0.1", "first entry must start at fraction 0"), ("1024:0,512:0", "fractions must increase"),
+                     ("1024", "not LENGTH:FRACTION"), ("0:0", "LENGTH must be positive"),
+                     ("1024:0,2048:1", "FRACTION in [0, 1)")):
+        with pytest.raises(ValueError, match=why.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+            tt.parse_seq_len_schedule(bad)
+    with pytest.raises(ValueError, match="is not a whole number of 3000-byte sequences"):
+        tt.schedule_steps([(1024, 0.0), (3000, 0.5)], 10, 16384)
+
+
+@pytest.mark.parametrize("option,message", [
+    (["--seq-len-schedule", "64:0,100:0.5", "--tokens-per-step", "256"],
+     "--seq-len-schedule 64:0,100:0.5: 256 tokens per step is not a whole number of 100-byte sequences"),
+    (["--seq-len-schedule", "64:0", "--seq-len", "64"], "give --seq-len or --seq-len-schedule, not both"),
+    (["--tokens-per-step", "256"], "--tokens-per-step goes with --seq-len-schedule"),
+    (["--init-memory", "1:100"], "--init-memory must be LO:HI tokens with 1 < LO <= HI"),
+    (["--save-every-minutes", "nan"], "--save-every-minutes must be a finite number >= 0"),
+])
+def test_rejects_bad_schedule_and_resume_options(tmp_path, option, message):
+    train, pg19 = make_dirs(tmp_path, n_train=1, train_words=200)
+    r = run_script(["--arch", "nemotron_h", "--train-dir", train, "--pg19-dir", pg19, "--out", tmp_path / "o", *option])
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@needs_torch
+@pytest.mark.parametrize("arch", ARCHS)
+def test_long_memory_initialisation_spans_the_documented_range(trained, arch):
+    """--decay-init log-uniform: from the saved tensors (10 steps of training move A_log and dt_bias by at most
+    ~10 x the learning rate), each head's memory 1/(1 - alpha) with the input's share of dt at 0 is the documented
+    quantile of the log-uniform law on [10, 10^4] tokens (init_long_memory), every layer spanning the range."""
+    import torch
+    from safetensors.torch import load_file
+
+    runs, _, _ = trained
+    w = load_file(str(runs[arch]["whole"] / "model.safetensors"))
+    layers = sorted({k.rsplit(".", 1)[0] for k in w if k.endswith(".A_log")},
+                    key=lambda k: int(k.split("layers.")[1].split(".")[0]))
+    assert layers
+    mem = []
+    for layer in layers:
+        rate = torch.exp(w[layer + ".A_log"].double()) * torch.nn.functional.softplus(w[layer + ".dt_bias"].double())
+        mem.append((1 / -torch.expm1(-rate)).tolist())
+    target = tt.long_memory_targets(len(layers), len(mem[0]), 10.0, 1e4)
+    for got, want in zip(mem, target):
+        for g, t in zip(got, want):
+            assert abs(math.log(g / t)) < 0.1, (got, want)
+        assert min(got) < 10 ** 1.8 and max(got) > 10 ** 3.2  # every layer spans the range
+    flat = sorted(m for layer in mem for m in layer)
+    assert 9 < flat[0] and flat[-1] < 1.1e4
+    n = len(flat)
+    for decade in (1, 2, 3):  # log-uniform: a third of the heads in each decade of [10, 10^4]
+        k = sum(10 ** decade <= m < 10 ** (decade + 1) for m in flat)
+        assert abs(k - n / 3) <= 1, (decade, k, n)
+
+
+@needs_torch
+def test_add_decays_to_a_card_trained_without_replayssm(trained, tmp_path):
+    """A folder trained where no replayssm binary was (a GPU machine): --add-decays measures the spectrum later
+    and puts it into the card in place of the note, and into train_log.json."""
+    import shutil
+
+    if not have_replayssm():
+        pytest.skip(f"{replayssm_binary()} not built")
+    runs, _, pg19 = trained
+    folder = tmp_path / "m"
+    shutil.copytree(runs["nemotron_h"]["whole"], folder)
+    (folder / "decays.json").unlink()
+    card = (folder / "MODEL_CARD.md").read_text()
+    start = card.index("## Decay spectrum")
+    end = card.index("## Software")
+    (folder / "MODEL_CARD.md").write_text(card[:start] + "## Decay spectrum (how long the heads remember)\n\n"
+                                          "Measured on text: skipped (no replayssm binary at `x`).\n\n" + card[end:])
+    r = run_script(["--add-decays", folder, "--pg19-dir", pg19, "--decay-length", 900, "--replayssm",
+                    replayssm_binary()])
+    assert r.returncode == 0, r.stderr[-3000:]
+    new = (folder / "MODEL_CARD.md").read_text()
+    s = json.loads((folder / "decays.json").read_text())["summary"]
+    assert "skipped" not in new and f"**{s['long_memory_heads']} of {s['heads']}**" in new
+    assert new[:start] == card[:start] and new[new.index("## Software"):] == card[end:]
+    assert json.loads((folder / "train_log.json").read_text())["decays"]["positions_per_book"] == 900
+    r = run_script(["--add-decays", tmp_path / "nothing", "--pg19-dir", pg19])
+    assert r.returncode == 2 and "MODEL_CARD.md is missing" in r.stderr
