@@ -311,7 +311,7 @@ SweepOutcome run_kl_sweep(SweepEngine& engine, const std::vector<SweepBook>& boo
     if (show_progress)
       bar.message(rank_prefix + text);
     else
-      log << rank_prefix << text << "\n";
+      log << (rank_prefix + text + "\n");  // one write: other ranks share the terminal (stderr is unbuffered)
   };
 
   if (team) {
