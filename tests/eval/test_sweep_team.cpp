@@ -18,6 +18,7 @@
 
 #include "eval/cell_store.h"
 #include "eval/kl_sweep.h"
+#include "sweep_books.h"
 #include "eval/results_file.h"
 #include "eval/sweep_team.h"
 #include "io/hdf5.h"
@@ -160,22 +161,7 @@ class ThreadTeam final : public eval::SweepTeam {
   int rank_, size_;
 };
 
-std::vector<eval::SweepBook> make_books(int count, int n_tokens, int vocab, uint64_t seed) {
-  boost::random::mt19937_64 rng(seed);
-  boost::random::uniform_int_distribution<int> tok(0, vocab - 1);
-  std::vector<eval::SweepBook> books;
-  for (int b = 0; b < count; ++b) {
-    eval::SweepBook sb;
-    sb.name = fmt::format("book{:02}", b);
-    sb.source = sb.name + ".txt";
-    sb.tokens.resize(static_cast<std::size_t>(n_tokens));
-    for (auto& t : sb.tokens) t = tok(rng);
-    sb.n_tokens = n_tokens;
-    sb.text_fnv1a64 = io::hex64(io::fnv1a64(sb.tokens.data(), sb.tokens.size()));
-    books.push_back(std::move(sb));
-  }
-  return books;
-}
+using replayssm::test::make_books;
 
 eval::SweepOptions options(const fs::path& out, int64_t n) {
   eval::SweepOptions o;
