@@ -213,8 +213,13 @@ def parse_args(argv):
     ap.add_argument("--mamba-scan", default="einsum", choices=["einsum", "reference"],
                     help="Mamba-2 chunk scan used for training (evaluation always uses transformers')")
     ap.add_argument("--eval-bytes", type=int, default=65536, help="bytes per PG-19 book to evaluate, 0: skip")
-    ap.add_argument("--eval-chunk", type=int, default=None, help="streamed evaluation chunk (default --seq-len)")
-    ap.add_argument("--eval-batch", type=int, default=8, help="windows per forward in the windowed evaluation")
+    ap.add_argument("--eval-chunk", type=int, default=None,
+                    help="streamed evaluation chunk (default: the final training length, at most 2048: transformers' "
+                         "torch Mamba-2 chunk scan needs memory growing with the square of the chunk; NemotronH's "
+                         "ran out of an H200's 140 GB at 16,384)")
+    ap.add_argument("--eval-batch", type=int, default=None,
+                    help="windows per forward in the windowed evaluation (default: 8, fewer for long windows so "
+                         "that a forward holds at most 16,384 bytes)")
     ap.add_argument("--log-every", type=int, default=50)
     args = ap.parse_args(argv)
     if args.add_decays is not None:
@@ -225,7 +230,9 @@ def parse_args(argv):
         ap.error("the following arguments are required: --arch")
     seq_len_given = args.seq_len is not None
     args.seq_len = 1024 if args.seq_len is None else args.seq_len
-    for k in ("steps", "seq_len", "batch", "warmup", "log_every", "eval_batch"):
+    if args.eval_batch is not None and args.eval_batch <= 0:
+        ap.error(f"--eval-batch must be positive, got {args.eval_batch}")
+    for k in ("steps", "seq_len", "batch", "warmup", "log_every"):
         if getattr(args, k) <= 0:
             ap.error(f"--{k.replace('_', '-')} must be positive, got {getattr(args, k)}")
     if args.eval_chunk is not None and args.eval_chunk <= 0:
@@ -280,7 +287,8 @@ def parse_args(argv):
     elif args.stop_after_steps:
         ap.error("--stop-after-steps goes with --resume-dir (a stopped run must be resumable)")
     args.lr = args.lr if args.lr is not None else train.DEFAULT_LR[args.arch]
-    args.eval_chunk = args.eval_chunk or args.seq_len
+    args.eval_chunk = args.eval_chunk or min(args.seq_len, 2048)
+    args.eval_batch = args.eval_batch or max(1, min(8, 16384 // args.seq_len))
     args.out = args.out or str(train.ROOT / "data" / "models" / f"tiny_{args.arch}")
     return args
 

@@ -368,6 +368,16 @@ def schedule_steps(schedule, steps, tokens_per_step):
     return [r for i, r in enumerate(rows) if i + 1 == len(rows) or rows[i + 1][0] > r[0]]
 
 
+def refit_segments(segments, steps, new_steps, step):
+    """The curriculum `segments` (planned for `steps`) stretched to `new_steps` when --minutes refits the
+    schedule before the 0-based step `step`: segments that have begun keep their start (what ran stays as
+    logged), later ones keep their fraction of the schedule but start no earlier than `step`; one overtaken
+    by the next is dropped, so the context only grows."""
+    rows = [[start if start <= step else max(step, int(math.floor(start / steps * new_steps + 0.5))), length, batch]
+            for start, length, batch in segments]
+    return [r for i, r in enumerate(rows) if i + 1 == len(rows) or rows[i + 1][0] > r[0]]
+
+
 def shape_at(segments, step):
     """(length, batch) of the training step `step` (0-based)."""
     cur = segments[0]
@@ -473,8 +483,11 @@ def train(model, corpus, args, device, torch, log, resume=None):
     last_save = t0
     mark = None
     stop_reason = None
+    entered = (None, step)  # (length, first step) of the curriculum segment running now
     while step < total:
         seq_len, batch = shape_at(segments, step)
+        if seq_len != entered[0]:
+            entered = (seq_len, step)
         if seq_len not in offsets:
             offsets[seq_len] = torch.arange(seq_len + 1, device=device)
         lr = lr_at(step, total, warmup, args.lr)
@@ -496,14 +509,19 @@ def train(model, corpus, args, device, torch, log, resume=None):
         step += 1
         run_step = step - run_start_step
 
-        fit_now = resume is None and math.isfinite(budget_s) and step in FIT_STEPS
-        if run_step <= FIT_STEPS[0] or fit_now or step % args.log_every == 0 or step == total:
+        # Refit after FIT_STEPS and 40 steps into each longer context (a step's time depends on its length),
+        # timing from 10 steps into the segment (steps 1-10 of a shape warm up the allocator and kernel choice).
+        in_segment = step - entered[1]
+        later_segment = entered[1] > run_start_step
+        fit_now = resume is None and math.isfinite(budget_s) and (step in FIT_STEPS or (later_segment and in_segment == 40))
+        if run_step <= FIT_STEPS[0] or fit_now or (later_segment and in_segment == 10) or \
+                step % args.log_every == 0 or step == total:
             sync()
             now = time.perf_counter() - t0
             if run_step == 1 and not math.isfinite(loss.item()):
                 raise RuntimeError(f"the loss is not finite at step {step}")
-            if run_step == 10:
-                mark = (step, now)  # steps 1-10 warm up (allocator, kernel selection)
+            if run_step == 10 or (later_segment and in_segment == 10):
+                mark = (step, now)
             if fit_now and mark is not None:  # fit the schedule to the budget, timing the steps since the last mark
                 per_step = (now - mark[1]) / (step - mark[0])
                 mark = (step, now)
@@ -514,6 +532,12 @@ def train(model, corpus, args, device, torch, log, resume=None):
                                          f"budget fits {fits} steps (--steps {args.steps}): schedule set to "
                                          f"{fitted} steps")
                     log(hist["notes"][-1])
+                    if len(segments) > 1:  # the curriculum keeps its fractions of the fitted schedule
+                        segments = refit_segments(segments, total, fitted, step)
+                        args.segments = segments
+                        hist["notes"].append("context schedule now " + ", ".join(
+                            f"{length} bytes x {b} from step {start}" for start, length, b in segments))
+                        log(hist["notes"][-1])
                     total = fitted
                     warmup = max(1, min(args.warmup, total // 5))
             if step % args.log_every == 0 or step == total:
@@ -964,6 +988,9 @@ def run(args, argv, script):
     command = "python3 " + shlex.join([os.path.relpath(script, os.getcwd()), *argv])
     repeat = without_option(with_option(with_option(argv, "--steps", str(result["steps"])), "--minutes", "0"),
                             "--resume-dir")
+    if "--seq-len-schedule" in argv:  # the curriculum as it ran (fitting --minutes may have moved it)
+        repeat = with_option(repeat, "--seq-len-schedule", ",".join(
+            f"{length}:{start / result['steps']!r}" for start, length, _ in args.segments))
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     info = {

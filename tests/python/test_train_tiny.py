@@ -562,6 +562,48 @@ def test_context_schedule_parsing():
         tt.schedule_steps([(1024, 0.0), (3000, 0.5)], 10, 16384)
 
 
+def test_refit_segments_keeps_fractions_and_never_shortens_the_context():
+    planned = [[0, 1024, 32], [9000, 4096, 8], [18000, 16384, 2]]  # 30,000 steps planned
+    # fitted to 2,400 steps at step 30: every later length keeps its fraction
+    assert tt.refit_segments(planned, 30000, 2400, 30) == [[0, 1024, 32], [720, 4096, 8], [1440, 16384, 2]]
+    # fitted at step 1000 from 2,400 up to 3,000: 4096 runs since 720 and keeps its start, 16384 moves to 1800
+    assert tt.refit_segments([[0, 1024, 32], [720, 4096, 8], [1440, 16384, 2]], 2400, 3000, 1000) == \
+        [[0, 1024, 32], [720, 4096, 8], [1800, 16384, 2]]
+    # shrunk at step 1000 so far that 16384's fraction (600) is behind: it starts at the next step
+    assert tt.refit_segments([[0, 1024, 32], [720, 4096, 8], [1440, 16384, 2]], 2400, 1000, 1000) == \
+        [[0, 1024, 32], [720, 4096, 8], [1000, 16384, 2]]
+    # both later fractions behind at step 50: 4096 is overtaken by 16384 and dropped
+    assert tt.refit_segments(planned, 30000, 40, 50) == [[0, 1024, 32], [50, 16384, 2]]
+    assert tt.refit_segments(planned, 30000, 100, 50) == [[0, 1024, 32], [50, 4096, 8], [60, 16384, 2]]
+
+
+@needs_torch
+def test_minutes_budget_stretches_the_context_schedule(tmp_path):
+    """--minutes fits the step count; the curriculum follows the fitted schedule (a run once fitted to a
+    tenth of --steps trained at its first length only), and the card's repeat command reproduces it."""
+    train, pg19 = make_dirs(tmp_path)
+    out = tmp_path / "fitted"
+    args = train_args("mamba2", train, pg19, out)
+    args[args.index("--steps") + 1] = 100000
+    r = run_script(args + ["--minutes", 0.08, "--eval-bytes", 0])
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = json.loads((out / "train_log.json").read_text())
+    steps = log["steps"]
+    assert 30 <= steps < 100000 and "schedule set to" in r.stderr
+    assert set(log["seq_len"]) == {32, 64, 128}  # every length of the curriculum was trained
+    first_long = log["seq_len"].index(128)
+    assert abs(first_long - 0.6 * steps) <= 0.1 * steps + 41  # about its fraction of the fitted schedule
+    assert log["seq_len"] == sorted(log["seq_len"])  # never back to a shorter context
+    card = (out / "MODEL_CARD.md").read_text()
+    assert f"--steps {steps}" in card and "--minutes 0" in card
+    repeat = card[card.index("--steps " + str(steps)) - 2000:].split("\n")
+    line = next(x for x in repeat if f"--steps {steps}" in x)
+    sched = line.split("--seq-len-schedule ")[1].split()[0].strip("`")
+    parsed = tt.parse_seq_len_schedule(sched)
+    assert [tuple(r) for r in tt.schedule_steps(parsed, steps, TOKENS_PER_STEP)] == \
+        [tuple(r) for r in log["args"]["segments"]]
+
+
 @pytest.mark.parametrize("option,message", [
     (["--seq-len-schedule", "64:0,100:0.5", "--tokens-per-step", "256"],
      "--seq-len-schedule 64:0,100:0.5: 256 tokens per step is not a whole number of 100-byte sequences"),
