@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Figures and tables from a `replayssm kl-sweep` result file (schema in docs/KL_SWEEP.md).
 
-    python3 scripts/plot_kl.py results-fig5.h5 -o kl.png                  # KL vs length (paper fig. 5/12)
+    python3 scripts/plot_kl.py results-fig5.h5 -o kl.png                  # KL vs length (paper fig. 5)
+    python3 scripts/plot_kl.py model-a.h5 model-b.h5 -o fig12.png         # one panel per model (fig. 12)
     python3 scripts/plot_kl.py results-fig13.h5 --kind window -o win.png  # window sweep (fig. 13)
     python3 scripts/plot_kl.py results-table11.h5 --kind table            # RTN vs SR (table 11)
 
@@ -10,7 +11,10 @@ over books, on log axes, with bands of +- 2 standard errors (block bootstrap ove
 in result files of schema version 2; older files are drawn without bands); separate-precision
 (split) configurations are solid blue-green lines, shared checkpoints dashed warm colours,
 conventional decode dotted grey, and the legend names only the styles drawn. Non-finite positions
-(NaN/Inf, e.g. an overflowed RTN state) are left out of the means and counted in the legend.
+(NaN/Inf, e.g. an overflowed RTN state) are left out of the means and counted in the legend. The SR
+seeds of one policy are pooled into one curve (mean over seeds; the band also covers their spread);
+a double arrow gives shared NVFP4 over the separate NVFP4/FP32 configuration at the longest length
+(the paper's arrow); a curve that another hides (within 10% everywhere) has open markers and says so.
 
 The work is done by the replayssm_py package (results, plot, tables), which
 notebooks/kl_vs_length.ipynb uses too.
@@ -37,7 +41,8 @@ def bucket_ends(text):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", help="result file written by replayssm kl-sweep")
+    ap.add_argument("results", nargs="+", help="result file(s) written by replayssm kl-sweep (several: --kind length "
+                    "draws one panel per file)")
     ap.add_argument("-o", "--output", help="image file (png, pdf, svg); --kind table: text file (also printed)")
     ap.add_argument("--kind", choices=KINDS, default="length")
     ap.add_argument("--configs", nargs="*", help="regular expressions selecting configurations (default: all)")

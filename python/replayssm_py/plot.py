@@ -96,22 +96,102 @@ _SCHEME_STYLE = {"split": "solid: separate precisions (split)", "shared": "dashe
                  "conv": "dotted: conventional"}
 
 
-def plot_kl_vs_length(results, ax=None, configs=None, title=None):
-    """KL vs length (log-log), one curve per configuration with a band of +- 2 standard errors (block
-    bootstrap over positions, version-2 files). Returns the matplotlib Figure."""
-    import matplotlib.pyplot as plt
+def collapse_seeds(chosen):
+    """Configurations that differ only in their SR seed, drawn as one curve: per bucket the mean over the
+    seeds of the bucket means, with the larger of two standard errors of that mean — the bootstrap one
+    (sqrt(sum se^2) / k) and the spread over the k seeds (sd / sqrt(k)). Other configurations pass
+    through unchanged. Returns dicts shaped like the configurations, plus 'seeds' (the seeds pooled)."""
+    groups = {}
+    for c in chosen:
+        groups.setdefault((c["info"]["family"], c["info"]["window"]), []).append(c)
+    out = []
+    for (family, window), cs in groups.items():
+        if len(cs) == 1:
+            out.append(dict(cs[0], seeds=[cs[0]["info"]["seed"]]))
+            continue
+        k = len(cs)
+        means = np.array([np.asarray(c["bucket_mean"], dtype=float) for c in cs])
+        ses = np.array([np.asarray(c.get("bucket_mean_se", np.full(means.shape[1], np.nan)), dtype=float) for c in cs])
+        with np.errstate(invalid="ignore"):
+            boot = np.sqrt((ses ** 2).sum(axis=0)) / k
+            spread = means.std(axis=0, ddof=1) / np.sqrt(k)
+        merged = dict(cs[0])
+        merged.update(
+            policy=f"{family}@{window}" if window else family, seeds=sorted(c["info"]["seed"] for c in cs),
+            bucket_mean=means.mean(axis=0), bucket_mean_se=np.fmax(boot, spread),
+            bucket_count=np.sum([np.asarray(c["bucket_count"]) for c in cs], axis=0),
+            nonfinite_positions=sum(c["nonfinite_positions"] for c in cs), positions=sum(c["positions"] for c in cs),
+            mean_kl=float(np.mean([c["mean_kl"] for c in cs])))
+        merged["info"] = dict(cs[0]["info"], seed=0)
+        out.append(merged)
+    return out
 
+
+def curve_label(c):
+    """legend_label, with the SR seeds a curve pools."""
+    label = legend_label(c)
+    if len(c.get("seeds", [])) > 1:
+        label += f" (mean of {len(c['seeds'])} SR seeds)"
+    return label
+
+
+def overlapping_pairs(curves, tolerance=0.10):
+    """(i, j), i < j, of curves whose bucket means differ by less than `tolerance` relative in every bucket
+    both have (on a log axis one hides the other, as FP32 and FP16+SR recurrence do)."""
+    pairs = []
+    for j in range(len(curves)):
+        for i in range(j):
+            a = np.asarray(curves[i]["bucket_mean"], dtype=float)
+            b = np.asarray(curves[j]["bucket_mean"], dtype=float)
+            both = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
+            if both.any() and np.all(np.abs(a[both] - b[both]) <= tolerance * np.minimum(a[both], b[both])):
+                pairs.append((i, j))
+    return pairs
+
+
+def shared_separate_ratio(curves):
+    """The paper's arrow (fig. 5/12): shared NVFP4 (SR preferred) over the separate NVFP4-read / FP32-recur
+    configuration (else the first separate one) at the longest bucket where both are finite and > 0.
+    Returns (shared index, separate index, bucket index, ratio), or None when either is missing."""
+    def pick(pred, prefer):
+        idx = [i for i, c in enumerate(curves) if pred(c["info"])]
+        best = [i for i in idx if prefer(curves[i]["info"])]
+        return (best or idx or [None])[0]
+
+    sep = pick(lambda p: p["scheme"] == "split", lambda p: p["recur"] and p["recur"][0] == "fp32")
+    if sep is None:
+        return None
+    window = curves[sep]["info"]["window"]
+    shared = pick(lambda p: p["scheme"] == "shared" and p["recur"] and p["recur"][0] == "nvfp4",
+                  lambda p: p["recur"][1] == "sr" and p["window"] == window)
+    if shared is None:
+        return None
+    a = np.asarray(curves[shared]["bucket_mean"], dtype=float)
+    b = np.asarray(curves[sep]["bucket_mean"], dtype=float)
+    ok = np.nonzero(np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0))[0]
+    if not ok.size:
+        return None
+    k = int(ok[-1])
+    return shared, sep, k, float(a[k] / b[k])
+
+
+def _draw_length_curves(ax, results, configs, style_of=None):
+    """The curves of plot_kl_vs_length on ax; returns the legend's notes (what the styles mean).
+    style_of: policy -> line style, to keep one policy's style across panels (default: by order)."""
     chosen = select(results, configs)
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(11, 8), constrained_layout=True)
-    else:
-        fig = ax.figure
+    curves = collapse_seeds(chosen)
     x = _x_of(results["edges"])
+    styles = [style_of[c["policy"]] for c in curves] if style_of else _styles(curves)
+    hidden = {j: i for i, j in overlapping_pairs(curves)}
     banded = overflowed = False
-    for c, st in zip(chosen, _styles(chosen)):
+    for j, (c, st) in enumerate(zip(curves, styles)):
         y = np.asarray(c["bucket_mean"], dtype=float)
         y = np.where(y > 0, y, np.nan)
-        ax.plot(x, y, label=legend_label(c), **st)
+        label = curve_label(c)
+        if j in hidden:  # drawn with open, larger markers so that both curves stay visible
+            st = dict(st, markerfacecolor="none", markersize=8, markeredgewidth=1.5)
+            label += f" — overlaps {pretty_name(curves[hidden[j]]['policy']).split(',')[0]} (open markers)"
+        ax.plot(x, y, label=label, gid=c["policy"], **st)
         banded |= _band(ax, x, y, c.get("bucket_mean_se", np.full(len(x), np.nan)), st["color"])
         # Where every position of a bucket is non-finite (an overflowed state) the curve stops: an
         # 'x' on its last finite point marks that.
@@ -122,24 +202,107 @@ def plot_kl_vs_length(results, ax=None, configs=None, title=None):
             ax.plot([x[last]], [y[last]], linestyle="none", marker="x", color=st["color"], markersize=10,
                     markeredgewidth=2)
             overflowed = True
+    ratio = shared_separate_ratio(curves)
+    if ratio is not None:  # a double arrow between the two curves at that bucket, labelled with the ratio
+        i_sh, i_sep, k, r = ratio
+        xa = x[k] * 1.12
+        ax.annotate("", xy=(xa, curves[i_sh]["bucket_mean"][k]), xytext=(xa, curves[i_sep]["bucket_mean"][k]),
+                    arrowprops=dict(arrowstyle="<->", color="k", linewidth=1.2))
+        ax.text(xa * 1.04, np.sqrt(curves[i_sh]["bucket_mean"][k] * curves[i_sep]["bucket_mean"][k]),
+                f"{r:.0f}×" if r >= 10 else f"{r:.1f}×", fontsize=10, va="center", ha="left")
     _length_axis(ax, x)
+    ax.set_xlim(x[0] / 1.3, x[-1] * (1.6 if ratio is not None else 1.3))
     ax.set_xlabel("sequence length (tokens): mean over the positions of each bucket (previous edge, edge]")
-    ax.set_ylabel(r"$D_{KL}(p_{FP32} \,\|\, p_{config})$")
-    a = results["attrs"]
-    ax.set_title(title or f"Teacher-forced KL vs FP32 conventional decode — {a.get('model_description', '')}\n"
-                          f"{len(results['books'])} books, N = {results['n_positions']}", fontsize=11)
     ax.grid(True, which="both", alpha=0.3)
-    # The legend explains only what is drawn.
-    drawn = [s for s in ("split", "shared", "conv") if any(c["info"]["scheme"] == s for c in chosen)]
+    drawn = [s for s in ("split", "shared", "conv") if any(c["info"]["scheme"] == s for c in curves)]
     notes = ["    ".join(_SCHEME_STYLE[s] for s in drawn)]
     if banded:
         blocks = results.get("bootstrap_block_length")
         notes.append("bands: ± 2 standard errors (block bootstrap over positions"
-                     + (f", blocks of {min(blocks)}-{max(blocks)} tokens)" if blocks is not None else ")"))
+                     + (f", blocks of {min(blocks)}-{max(blocks)} tokens" if blocks is not None else "")
+                     + (", and the spread over SR seeds" if any(len(c["seeds"]) > 1 for c in curves) else "") + ")")
+    if ratio is not None:
+        notes.append(f"arrow: {pretty_name(curves[ratio[0]]['policy']).split(',')[0]} over "
+                     f"{pretty_name(curves[ratio[1]]['policy']).split(',')[0]} at the longest length")
     if overflowed:
         notes.append("x: the state overflowed (NaN/Inf) after this point")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False,
-              title=";  ".join(n for n in notes if n), title_fontsize=8)
+    return notes
+
+
+def _legend(target, handles, labels, notes, anchor):
+    target.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=anchor, ncol=2, frameon=False,
+                  title="\n".join(n for n in notes if n), title_fontsize=8)
+
+
+def plot_kl_vs_length(results, ax=None, configs=None, title=None):
+    """KL vs length (log-log), one curve per configuration (SR seeds of one policy pooled into one) with a
+    band of +- 2 standard errors (block bootstrap over positions, version-2 files), the shared/separate
+    ratio arrow at the longest length, overlapping curves marked. Returns the matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(11, 8), constrained_layout=True)
+    else:
+        fig = ax.figure
+    notes = _draw_length_curves(ax, results, configs)
+    ax.set_ylabel(r"$D_{KL}(p_{FP32} \,\|\, p_{config})$")
+    a = results["attrs"]
+    ax.set_title(title or f"Teacher-forced KL vs FP32 conventional decode — {a.get('model_description', '')}\n"
+                          f"{len(results['books'])} books, N = {results['n_positions']}", fontsize=11)
+    _legend(ax, *ax.get_legend_handles_labels(), notes, (0.5, -0.12))
+    return fig
+
+
+def panel_title(results):
+    """A panel's title: the model folder's name, its books and length."""
+    import pathlib
+
+    a = results["attrs"]
+    name = pathlib.Path(a.get("model_dir", "") or "model").name
+    books = len(results["books"])
+    return f"{name}\n{books} book{'s' if books != 1 else ''}, N = {length_label(results['n_positions'])}"
+
+
+def plot_kl_panels(results_list, configs=None, title=None):
+    """Paper fig. 12: one KL-vs-length panel per result file (model), a shared y axis and one legend for
+    every curve drawn in any panel. Returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    n = len(results_list)
+    fig, axes = plt.subplots(1, n, figsize=(6.2 * n, 6.8), sharey=True, constrained_layout=True, squeeze=False)
+    # one style per policy over every panel, so that the one legend is right for all of them
+    union = {}
+    for results in results_list:
+        for c in collapse_seeds(select(results, configs)):
+            union.setdefault(c["policy"], c)
+    style_of = dict(zip(union, _styles(list(union.values()))))
+    handles, notes, hidden, nonfinite = {}, [], set(), {}
+    for ax, results in zip(axes[0], results_list):
+        for c in collapse_seeds(select(results, configs)):
+            nonfinite[c["policy"]] = nonfinite.get(c["policy"], 0) + (c["nonfinite_positions"] > 0)
+        for note in _draw_length_curves(ax, results, configs, style_of):
+            key = note.split(" (")[0]  # the bands' note differs between files only in the block lengths
+            if not any(n.split(" (")[0] == key for n in notes):
+                notes.append(note.split(", blocks of")[0] + (")" if ", blocks of" in note else ""))
+        ax.set_title(panel_title(results), fontsize=11)
+        ax.set_xlabel("sequence length (tokens)")
+        for h in ax.get_legend_handles_labels()[0]:  # keyed by policy: a panel's label carries its own counts
+            handles.setdefault(h.get_gid(), h)
+            if h.get_markerfacecolor() == "none":
+                hidden.add(h.get_gid())
+    axes[0][0].set_ylabel(r"$D_{KL}(p_{FP32} \,\|\, p_{config})$")
+    fig.suptitle(title or "Teacher-forced KL vs FP32 conventional decode", fontsize=12)
+    labels = []
+    for policy in handles:
+        c = union[policy]
+        label = pretty_name(policy) + (f" (mean of {len(c['seeds'])} SR seeds)" if len(c["seeds"]) > 1 else "")
+        if policy in hidden:
+            label += " — open markers where it overlaps another curve"
+        if nonfinite.get(policy):
+            label += f"  [non-finite positions in {nonfinite[policy]} of {n} panels]"
+        labels.append(label)
+    fig.legend(list(handles.values()), labels, fontsize=8, loc="outside lower center", ncol=3,
+               frameon=False, title="\n".join(notes), title_fontsize=8)
     return fig
 
 
@@ -236,13 +399,30 @@ DEFAULT_OUTPUT = {"length": "kl.png", "window": "kl_window.png"}
 def write_report(results_path, kind="length", output=None, configs=None, lengths=None, title=None, dpi=150):
     """What scripts/plot_kl.py does: a figure (kind length or window) written to output (default
     kl.png / kl_window.png), or the table-11 text (kind table), returned and written to output if
-    given. Returns (text or None, output path or None). Raises ValueError / OSError with a message
-    that names the file."""
+    given; results_path may be a list of files for kind length: one panel per file (fig. 12).
+    Returns (text or None, output path or None). Raises ValueError / OSError with a message that
+    names the file."""
     from . import tables
     from .results import load_results
 
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+    if isinstance(results_path, (list, tuple)):
+        if len(results_path) > 1:
+            if kind != "length":
+                raise ValueError(f"several result files make one panel each for --kind length only, not {kind}")
+            import matplotlib
+
+            matplotlib.use("Agg")
+            loaded = [load_results(p) for p in results_path]
+            for p, r in zip(results_path, loaded):
+                if not select(r, configs):
+                    raise ValueError(f"{p}: no configuration matches {configs} "
+                                     f"(it holds {', '.join(c['policy'] for c in r['configs'])})")
+            output = output or DEFAULT_OUTPUT[kind]
+            save_figure(plot_kl_panels(loaded, configs=configs, title=title), output, dpi=dpi)
+            return None, output
+        results_path = results_path[0]
     results = load_results(results_path)
     if not select(results, configs):
         raise ValueError(f"{results_path}: no configuration matches {configs} "
