@@ -213,7 +213,7 @@ def test_plot_errors_are_messages(tmp_path):
 
 def test_notebook_executes(paper_like, tmp_path):
     out = tmp_path / "nb.ipynb"
-    env = checkout_env(REPLAYSSM_RESULTS=str(paper_like))
+    env = checkout_env(REPLAYSSM_RESULTS=str(paper_like), REPLAYSSM_PANELS=os.pathsep.join([str(paper_like)] * 2))
     r = subprocess.run(["jupyter", "nbconvert", "--to", "notebook", "--execute", str(NOTEBOOK), "--output",
                         str(out), "--ExecutePreprocessor.timeout=300"], capture_output=True, text=True, env=env,
                        timeout=600)
@@ -222,7 +222,7 @@ def test_notebook_executes(paper_like, tmp_path):
     outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o["output_type"] == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 2  # KL vs length and the window sweep
+    assert len(images) == 3  # KL vs length, one panel per model (here the same file twice), the window sweep
     text = "".join("".join(o.get("text", "")) for o in outputs)
     assert "split:nvfp4+rtn/fp32@16" in text and "KL@128K" in text
 
