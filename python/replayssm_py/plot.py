@@ -247,10 +247,20 @@ def plot_kl_vs_length(results, ax=None, configs=None, title=None):
     notes = _draw_length_curves(ax, results, configs)
     ax.set_ylabel(r"$D_{KL}(p_{FP32} \,\|\, p_{config})$")
     a = results["attrs"]
-    ax.set_title(title or f"Teacher-forced KL vs FP32 conventional decode — {a.get('model_description', '')}\n"
-                          f"{len(results['books'])} books, N = {results['n_positions']}", fontsize=11)
+    books = len(results["books"])
+    ax.set_title(title or f"Teacher-forced KL vs FP32 conventional decode — {_model_name(a)}\n"
+                          f"{books} book{'s' if books != 1 else ''}, N = {results['n_positions']}", fontsize=11)
     _legend(ax, *ax.get_legend_handles_labels(), notes, (0.5, -0.12))
     return fig
+
+
+def _model_name(attrs):
+    """'long_mamba2: mamba2 (mamba2), layers MMMMMM, ...': the model folder's name before its description."""
+    import pathlib
+
+    name = pathlib.Path(attrs.get("model_dir", "") or "").name
+    desc = attrs.get("model_description", "")
+    return f"{name}: {desc}" if name and desc else name or desc
 
 
 def panel_title(results):
