@@ -188,8 +188,8 @@ def _draw_length_curves(ax, results, configs, style_of=None):
         y = np.asarray(c["bucket_mean"], dtype=float)
         y = np.where(y > 0, y, np.nan)
         label = curve_label(c)
-        if j in hidden:  # drawn with open, larger markers so that both curves stay visible
-            st = dict(st, markerfacecolor="none", markersize=8, markeredgewidth=1.5)
+        if j in hidden:  # a thin line with open, larger markers over the other: both stay visible
+            st = dict(st, markerfacecolor="none", markersize=8, markeredgewidth=1.5, linewidth=1.0)
             label += f" — overlaps {pretty_name(curves[hidden[j]]['policy']).split(',')[0]} (open markers)"
         ax.plot(x, y, label=label, gid=c["policy"], **st)
         banded |= _band(ax, x, y, c.get("bucket_mean_se", np.full(len(x), np.nan)), st["color"])
