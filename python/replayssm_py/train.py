@@ -718,17 +718,20 @@ def write_card(path, info):
     write_text_atomically(path, "\n".join(lines))
 
 
+def logged_args(args):
+    """vars(args) for the log and the card, the replayssm binary relative to the checkout when inside it
+    (a machine's absolute path says nothing to the next reader)."""
+    out = dict(vars(args))
+    try:
+        out["replayssm"] = str(pathlib.Path(out["replayssm"]).resolve().relative_to(ROOT.resolve()))
+    except (KeyError, TypeError, ValueError):
+        pass
+    return out
+
+
 def with_option(argv, flag, value):
     """argv with `flag value` set (replacing `flag X` or `flag=X`)."""
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i] == flag:
-            i += 2
-            continue
-        if not argv[i].startswith(flag + "="):
-            out.append(argv[i])
-        i += 1
-    return out + [flag, value]
+    return without_option(argv, flag) + [flag, value]
 
 
 def without_option(argv, flag):
@@ -951,8 +954,9 @@ def run(args, argv, script):
         result = train(model, corpus, args, device, torch, log, resume)
     log(f"trained {result['steps']} steps in {result['wall_s']:.1f} s ({result['ms_per_step']:.1f} ms/step), "
         f"final loss {result['final_loss']:.4f}")
-    if not result["finished"]:
-        return 0
+    if not result["finished"] and resume is not None:
+        return 0  # the state is saved in --resume-dir: the same command continues it
+    # without --resume-dir a run the budget cut short is still written (its card notes the early stop)
 
     model = model.to(torch.float32)
     t_eval = time.perf_counter()
@@ -1005,7 +1009,7 @@ def run(args, argv, script):
         "decays": decays, "decays_note": decays_note, "init_memories": init_memories, "init_targets": init_targets,
         "config_rows": config_summary(args.arch, config), "train_dir": args.train_dir, "books": books,
         "raw_bytes": sum(b["raw_bytes"] for b in books), "text_bytes": len(corpus), "exclusion": exclusion,
-        "args": vars(args), "scan_note": scan_note, "device": dev_name, "eval": ev, "eval_skipped": skipped,
+        "args": logged_args(args), "scan_note": scan_note, "device": dev_name, "eval": ev, "eval_skipped": skipped,
         "eval_s": eval_s, "total_s": time.perf_counter() - t_start, "fast_paths": fast_paths(),
         "tf32": device.type == "cuda",
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
@@ -1019,7 +1023,7 @@ def run(args, argv, script):
     write_card(out / "MODEL_CARD.md", info)
     train_log = {
         "format": "replayssm-train-log", "version": 1, "arch": args.arch, "model_class": info["model_class"],
-        "parameters": n_params, "args": vars(args), "command": command, "device": dev_name,
+        "parameters": n_params, "args": logged_args(args), "command": command, "device": dev_name,
         "versions": info["versions"], "books": books, "text_bytes": len(corpus),
         "tokens_per_step": args.tokens_per_step, "eval": ev, "eval_skipped": skipped,
         "decay_init": args.decay_init, "init_memory_tokens": init_memories, "decays": decays,
