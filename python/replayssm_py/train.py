@@ -522,7 +522,9 @@ def train(model, corpus, args, device, torch, log, resume=None):
                 raise RuntimeError(f"the loss is not finite at step {step}")
             if run_step == 10 or (later_segment and in_segment == 10):
                 mark = (step, now)
-            if fit_now and mark is not None:  # fit the schedule to the budget, timing the steps since the last mark
+            # A fit step that is also a segment's 10th step has no timed steps yet: that segment's own refit at
+            # its 40th step does the fitting.
+            if fit_now and mark is not None and step > mark[0]:  # time the steps since the last mark
                 per_step = (now - mark[1]) / (step - mark[0])
                 mark = (step, now)
                 fits = step + int(max(0.0, budget_s * 0.98 - now) / per_step)
