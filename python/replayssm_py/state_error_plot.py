@@ -2,7 +2,9 @@
 mean-square error of the stored state (relative to the state's mean square) against the error
 model's prediction, one colour per policy, the line measured = predicted and a factor-2 band; the
 second panel shows measured / predicted against the window decay E[gamma^2], where the model's
-accumulation factor 1/(1 - E[gamma^2]) lives.
+accumulation factor 1/(1 - E[gamma^2]) lives; the third (Mamba-2 heads) the same ratio when the model
+takes the moments of the rounding errors the checkpoint actually received (realized_*), not those of
+one rounding of the exact state.
 
   python3 scripts/plot_state_error.py STATE_ERROR.json [--out FILE.png]
 """
@@ -29,7 +31,7 @@ def main(argv=None) -> int:
     except (OSError, json.JSONDecodeError, KeyError) as e:
         sys.exit(f"{a.json}: not a `replayssm state-error` file ({e})")
     out = a.out or a.json.with_suffix(".png")
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5))
+    fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(17, 5))
     lo, hi = math.inf, 0.0
     for i, p in enumerate(policies):
         pts = [(h["predicted_ms"] / h["state_ms"], h["measured_ms"] / h["state_ms"], h["mean_gamma2"])
@@ -41,6 +43,10 @@ def main(argv=None) -> int:
         marker = "o" if p["policy"].startswith("shared") else "^"
         ax.scatter(x, y, s=14, c=colour, marker=marker, alpha=0.7, label=f"{p['policy']} ({len(pts)} heads)")
         bx.scatter(g2, [m / q for q, m in zip(x, y)], s=14, c=colour, marker=marker, alpha=0.7)
+        real = [(h["mean_gamma2"], h["measured_ms"] / h["realized_predicted_ms"]) for h in p["heads"]
+                if h.get("realized_predicted_ms") and h["measured_ms"] > 0]
+        if real:
+            cx.scatter(*zip(*real), s=14, c=colour, marker=marker, alpha=0.7)
         lo, hi = min(lo, *x, *y), max(hi, *x, *y)
     if hi == 0.0:
         sys.exit(f"{a.json}: no head with a positive predicted and measured error")
@@ -56,8 +62,13 @@ def main(argv=None) -> int:
     bx.axhspan(0.5, 2.0, color="0.85", zorder=0)
     bx.set(xlabel="E[gamma^2] over the window (gamma = prod alpha over L tokens)", ylabel="measured / predicted",
            yscale="log", title="where the independent-rounding model holds")
+    cx.axhline(1.0, color="k", lw=1)
+    cx.axhspan(0.5, 2.0, color="0.85", zorder=0)
+    cx.set(xlabel="E[gamma^2] over the window", ylabel="measured / predicted from the realized rounding errors",
+           yscale="log", title="sigma^2, b of the errors received (Mamba-2)")
     fig.text(0.01, 0.01, "shared (o): sigma^2/(1-E[gamma^2]) + (b/(1-E[gamma]))^2; split (^): one rounding of the HP "
-                         "state; steady state (second half of the flushes)", fontsize=7)
+                         "state; steady state (second half of the flushes). Right: realized r_e = D_e - gamma_e D_{e-1}; RTN's "
+                         "errors correlate with the carried error, which the independent model leaves out", fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(out, dpi=130)
     print(f"wrote {out}")

@@ -42,6 +42,8 @@ double median(std::vector<double> v) {
   return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
 }
 
+nlohmann::json finite_or_null(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
+
 void run_state_error(const StateErrorOptions& o) {
   if (!o.force && std::filesystem::exists(o.json_out))
     throw std::runtime_error(fmt::format("state-error: --json {} exists (--force replaces it)", o.json_out));
@@ -83,7 +85,11 @@ void run_state_error(const StateErrorOptions& o) {
                            {"mean_gamma", h.mean_gamma},
                            {"mean_gamma2", h.mean_gamma2},
                            {"predicted_ms", std::isfinite(h.predicted_ms) ? nlohmann::json(h.predicted_ms) : nullptr},
-                           {"coherent_ms", std::isfinite(h.coherent_ms) ? nlohmann::json(h.coherent_ms) : nullptr}});
+                           {"coherent_ms", std::isfinite(h.coherent_ms) ? nlohmann::json(h.coherent_ms) : nullptr},
+                           {"realized_bias", finite_or_null(h.realized_bias)},
+                           {"realized_var", finite_or_null(h.realized_var)},
+                           {"realized_cross", finite_or_null(h.realized_cross)},
+                           {"realized_predicted_ms", finite_or_null(h.realized_predicted_ms)}});
     }
   };
   for (const io::Book& book : loaded.books) {
@@ -102,17 +108,21 @@ void run_state_error(const StateErrorOptions& o) {
                      {"model",
                       "per head: D = stored read copy - FP32 state at the flushes of the second half; predicted = "
                       "shared sigma^2/(1-E[gamma^2]) + (b/(1-E[gamma]))^2, split sigma_read^2 + b_read^2 (+ the recur "
-                      "copy's shared term); coherent = (sigma^2 + b^2)/(1-E[gamma])^2 (ssm/state_error.h)"},
+                      "copy's shared term); coherent = (sigma^2 + b^2)/(1-E[gamma])^2; realized_* (Mamba-2) = the same shared model "
+                      "with the moments of the rounding errors the recur copy actually received, r_e = D_e - gamma_e "
+                      "D_{e-1} (ssm/state_error.h)"},
                      {"policies", nlohmann::json::array()}};
-  std::cout << fmt::format("{:<30} {:>6} {:>16} {:>16} {:>22} {:>14}\n", "policy", "heads", "median measured",
-                           "median measured", "heads within 2x of", "median");
-  std::cout << fmt::format("{:<30} {:>6} {:>16} {:>16} {:>22} {:>14}\n", "", "", "/ predicted", "/ coherent",
-                           "the prediction", "rel. MS");
+  std::cout << fmt::format("{:<30} {:>6} {:>16} {:>16} {:>22} {:>16} {:>14}\n", "policy", "heads", "median measured",
+                           "median measured", "heads within 2x of", "median measured", "median");
+  std::cout << fmt::format("{:<30} {:>6} {:>16} {:>16} {:>22} {:>16} {:>14}\n", "", "", "/ predicted", "/ coherent",
+                           "the prediction", "/ realized", "rel. MS");
   for (std::size_t p = 0; p < policies.size(); ++p) {
-    std::vector<double> ratio, coh, rel;
+    std::vector<double> ratio, coh, rel, real;
     int within = 0;
     for (const auto& r : rows[p]) {
       const double m = r["measured_ms"].get<double>();
+      if (!r["realized_predicted_ms"].is_null() && r["realized_predicted_ms"].get<double>() > 0)
+        real.push_back(m / r["realized_predicted_ms"].get<double>());
       if (!r["predicted_ms"].is_null() && r["predicted_ms"].get<double>() > 0) {
         const double q = m / r["predicted_ms"].get<double>();
         ratio.push_back(q);
@@ -122,9 +132,9 @@ void run_state_error(const StateErrorOptions& o) {
         coh.push_back(m / r["coherent_ms"].get<double>());
       if (r["state_ms"].get<double>() > 0) rel.push_back(m / r["state_ms"].get<double>());
     }
-    std::cout << fmt::format("{:<30} {:>6} {:>16.3f} {:>16.3f} {:>22} {:>14.3e}\n", policies[p].to_string(),
+    std::cout << fmt::format("{:<30} {:>6} {:>16.3f} {:>16.3f} {:>22} {:>16} {:>14.3e}\n", policies[p].to_string(),
                              rows[p].size(), median(ratio), median(coh), fmt::format("{} of {}", within, ratio.size()),
-                             median(rel));
+                             real.empty() ? std::string("-") : fmt::format("{:.3f}", median(real)), median(rel));
     out["policies"].push_back({{"policy", policies[p].to_string()}, {"heads", rows[p]}});
   }
   io::write_file_atomically(o.json_out, out.dump(1) + "\n");

@@ -73,6 +73,25 @@ std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, co
   std::vector<Moments> d_read(static_cast<std::size_t>(G)), d_recur(static_cast<std::size_t>(G)),
       state(static_cast<std::size_t>(G)), r_read(static_cast<std::size_t>(G)), r_recur(static_cast<std::size_t>(G));
   StateMatrix rounded(seq.dv, seq.dk);
+  // gamma_e per head over each window [e L, (e + 1) L) that ends at flush e (KDA: every channel).
+  const int width = seq.kind == Recurrence::kda ? seq.dk : 1;
+  std::vector<std::vector<double>> gamma(static_cast<std::size_t>(G));
+  for (int j = 0; j < G; ++j) {
+    const float* a = seq.alpha[static_cast<std::size_t>(j)];
+    auto& gj = gamma[static_cast<std::size_t>(j)];
+    gj.resize(static_cast<std::size_t>(events * width));
+    for (int64_t e = 0; e < events; ++e)
+      for (int c = 0; c < width; ++c) {
+        double log_gamma = 0.0;
+        for (int64_t t = e * L; t < (e + 1) * L; ++t) log_gamma += std::log(static_cast<double>(a[t * width + c]));
+        gj[static_cast<std::size_t>(e * width + c)] = std::exp(log_gamma);
+      }
+  }
+  // The realized rounding errors of the recur copy (Mamba-2: D is carried exactly by gamma).
+  const bool realized = seq.kind == Recurrence::mamba2;
+  std::vector<std::vector<double>> previous_d(static_cast<std::size_t>(G), std::vector<double>(size, 0.0));
+  std::vector<Moments> r_real(static_cast<std::size_t>(G));
+  std::vector<double> cross(static_cast<std::size_t>(G), 0.0);
   options.on_checkpoint = [&](int j, int64_t token, const float* recur, const float* read) {
     const int64_t e = (token + 1) / L - 1;
     const auto ju = static_cast<std::size_t>(j);
@@ -87,6 +106,19 @@ std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, co
       }
     }
     ++result[ju].events;
+    if (realized) {
+      const double g = gamma[ju][static_cast<std::size_t>(e)];
+      std::vector<double>& prev = previous_d[ju];
+      for (std::size_t i = 0; i < size; ++i) {
+        const double d = static_cast<double>(recur[i]) - S[i];
+        if (e >= events / 2 && e > 0) {
+          const double r = d - g * prev[i];
+          r_real[ju].add(r);
+          cross[ju] += g * prev[i] * r;
+        }
+        prev[i] = d;
+      }
+    }
     if (e < events / 2) return;
     // One rounding of the exact state, on the stream the policy's own rounding used at this flush.
     const auto round_once = [&](const StateFormat& f, CheckpointCopy copy, Moments& m) {
@@ -100,20 +132,12 @@ std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, co
   };
   emulate_sequence(seq, policy, id, out_ptrs, options);
 
-  const int width = seq.kind == Recurrence::kda ? seq.dk : 1;
   for (int j = 0; j < G; ++j) {
     const auto ju = static_cast<std::size_t>(j);
     HeadStateError& h = result[ju];
     h.value_head = static_cast<int>(id.key_head) * G + j;
-    // gamma over each window [e L, (e + 1) L) that ends at flush e (KDA: every channel).
     Moments g;
-    const float* a = seq.alpha[ju];
-    for (int64_t e = 0; e < events; ++e)
-      for (int c = 0; c < width; ++c) {
-        double log_gamma = 0.0;
-        for (int64_t t = e * L; t < (e + 1) * L; ++t) log_gamma += std::log(static_cast<double>(a[t * width + c]));
-        g.add(std::exp(log_gamma));
-      }
+    for (const double x : gamma[ju]) g.add(x);
     h.mean_gamma = g.mean();
     h.mean_gamma2 = g.ms();
     h.state_ms = state[ju].ms();
@@ -124,6 +148,17 @@ std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, co
     h.rounding_var = r_read[ju].var();
     h.recur_rounding_bias = r_recur[ju].mean();
     h.recur_rounding_var = r_recur[ju].var();
+    if (realized) {
+      h.realized_bias = r_real[ju].mean();
+      h.realized_var = r_real[ju].var();
+      h.realized_cross = r_real[ju].n ? cross[ju] / static_cast<double>(r_real[ju].n) : 0.0;
+      // split: the read copy's one rounding on top of the recur copy's carried error
+      h.realized_predicted_ms = accumulated(h.realized_var, h.realized_bias, h.mean_gamma, h.mean_gamma2) +
+                                (split ? h.rounding_var + h.rounding_bias * h.rounding_bias : 0.0);
+    } else {
+      h.realized_bias = h.realized_var = h.realized_cross = h.realized_predicted_ms =
+          std::numeric_limits<double>::quiet_NaN();
+    }
     if (split) {
       const double one = h.rounding_var + h.rounding_bias * h.rounding_bias;
       h.predicted_ms = one + accumulated(h.recur_rounding_var, h.recur_rounding_bias, h.mean_gamma, h.mean_gamma2);

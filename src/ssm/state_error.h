@@ -39,6 +39,14 @@ struct HeadStateError {
   double mean_gamma = 0.0, mean_gamma2 = 0.0;                  // over the windows (KDA: and channels)
   double predicted_ms = 0.0;      // the independent-errors model above
   double coherent_ms = 0.0;       // the coherent bound above
+  // Mamba-2 only (NaN otherwise): the rounding errors the policy's recur copy actually received,
+  // r_e = D_e - gamma_e D_{e-1} (exact for a scalar decay, up to FP32 arithmetic in the window),
+  // at the steady-state flushes. They differ from one rounding of the exact state because the value
+  // rounded is the carried checkpoint plus a window's update: on a slow head it lies near the
+  // checkpoint's grid point, where SR's variance (x - lo)(hi - x) is small and RTN returns to the
+  // same point. realized_cross = mean gamma_e D_{e-1} r_e (0 when r is independent of the carried
+  // error, as SR's is given its input); realized_predicted_ms = the shared model with these moments.
+  double realized_bias = 0.0, realized_var = 0.0, realized_cross = 0.0, realized_predicted_ms = 0.0;
 };
 
 // One entry per value head of the group. Throws std::invalid_argument for a conventional policy

@@ -34,9 +34,13 @@ def test_state_error_json_and_plot(text_dir, tmp_path):
             if p["policy"].startswith("split"):
                 assert h["measured_ms"] == pytest.approx(h["predicted_ms"], rel=1e-9)
                 assert h["recur_measured_ms"] == 0
+                assert h["realized_var"] == 0 and h["realized_predicted_ms"] == pytest.approx(h["predicted_ms"])
             else:
                 factor = 1 / (1 - h["mean_gamma2"])
                 assert h["predicted_ms"] >= one * factor * (1 - 1e-12)
+                assert h["realized_var"] > 0  # the rounding errors the checkpoint received (Mamba-2)
+                assert h["realized_predicted_ms"] == pytest.approx(
+                    h["realized_var"] / (1 - h["mean_gamma2"]) + (h["realized_bias"] / (1 - h["mean_gamma"])) ** 2)
     png = tmp_path / "se.png"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_state_error.py"), str(out), "--out", str(png)],
                        capture_output=True, text=True)

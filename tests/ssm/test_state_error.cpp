@@ -22,7 +22,8 @@ TEST_CASE("state error: split with an FP32 recur copy measures exactly one round
     for (const char* text : {"split:nvfp4+rtn/fp32@16", "split:nvfp4+sr/fp32@8", "split:fp8b128+rtn/fp32@5",
                              "split:fp16+sr/fp32@16"}) {
       CAPTURE(static_cast<int>(kind));
-      CAPTURE(text);
+      const std::string policy_text(text);
+    CAPTURE(policy_text);
       const ssm::PrecisionPolicy p = ssm::PrecisionPolicy::parse(text);
       const int dk = p.read.format == formats::StorageFormat::fp8b128 ? 128 : 32;
       const test::GroupData d = test::make_group_data({kind, dk, 12, 3}, 203, 0.9f, 0.999f, ++seed);
@@ -38,6 +39,12 @@ TEST_CASE("state error: split with an FP32 recur copy measures exactly one round
         CHECK(h.coherent_ms == doctest::Approx(h.predicted_ms).epsilon(1e-9));
         CHECK(h.mean_gamma > 0);
         CHECK(h.mean_gamma2 <= h.mean_gamma);
+        if (kind == ssm::Recurrence::mamba2) {  // the FP32 recur copy receives no rounding error at all
+          CHECK(h.realized_var == 0.0);
+          CHECK(h.realized_predicted_ms == doctest::Approx(h.predicted_ms).epsilon(1e-9));
+        } else {
+          CHECK(std::isnan(h.realized_predicted_ms));  // the delta rule does not carry D by gamma alone
+        }
       }
     }
   }
@@ -49,7 +56,8 @@ TEST_CASE("state error: shared SR on Mamba-2 accumulates as sigma^2 / (1 - E[gam
   const test::GroupData d =
       test::make_group_data({ssm::Recurrence::mamba2, 16, 8, 2}, 300 * L + 7, 0.985f, 0.995f, test::kBaseSeed + 1102);
   for (const char* text : {"shared:fp16+sr@16", "shared:nvfp4+sr@16"}) {
-    CAPTURE(text);
+    const std::string policy_text(text);
+    CAPTURE(policy_text);
     for (const auto& h : ssm::measure_state_error(d.sequence(), ssm::PrecisionPolicy::parse(text), {})) {
       const double one = h.rounding_var + h.rounding_bias * h.rounding_bias;
       MESSAGE(std::string(text) << " head " << h.value_head << ": measured " << h.measured_ms << ", predicted " << h.predicted_ms
@@ -59,12 +67,39 @@ TEST_CASE("state error: shared SR on Mamba-2 accumulates as sigma^2 / (1 - E[gam
       CHECK(h.measured_ms == doctest::Approx(h.predicted_ms).epsilon(0.2));
       CHECK(h.predicted_ms > 3 * one);
       CHECK(std::abs(h.measured_bias) < 0.2 * std::sqrt(h.measured_ms));  // SR: unbiased
+      // The errors the checkpoint actually received: SR is unbiased given its input, so they do not
+      // correlate with the carried error, and with their own variance the model predicts as well.
+      CHECK(std::abs(h.realized_cross) < 0.1 * std::sqrt(h.realized_var * h.measured_ms));
+      CHECK(h.measured_ms == doctest::Approx(h.realized_predicted_ms).epsilon(0.2));
+      CHECK(h.realized_var == doctest::Approx(h.rounding_var).epsilon(0.3));  // updates move the state by > 1 step
     }
   }
   for (const auto& h : ssm::measure_state_error(d.sequence(), ssm::PrecisionPolicy::parse("shared:nvfp4+rtn@16"), {})) {
     MESSAGE("shared:nvfp4+rtn@16 head " << h.value_head << ": measured " << h.measured_ms << ", independent "
                                         << h.predicted_ms << ", coherent " << h.coherent_ms);
     CHECK(h.measured_ms <= h.coherent_ms * 1.2);
+  }
+}
+
+TEST_CASE("state error: SR of a checkpoint that a window hardly moves has less variance than one rounding") {
+  // alpha = 1 and inputs of 1e-5 of the state's size: the value rounded at a flush is the carried
+  // checkpoint (a grid point) plus a small update, where SR's variance (x - lo)(hi - x) is small; one
+  // rounding of the exact state, which lies anywhere between grid points, is the wrong sigma^2.
+  test::GroupData d =
+      test::make_group_data({ssm::Recurrence::mamba2, 16, 8, 2}, 200 * 16, 0.9f, 0.95f, test::kBaseSeed + 1104);
+  for (auto& a : d.alpha) std::fill(a.begin(), a.end(), 1.0f);
+  for (auto& v : d.v)  // the state is made by the first window; later inputs are 1e-5 of it
+    for (std::size_t i = v.size() / 200; i < v.size(); ++i) v[i] *= 1e-5f;
+  for (const char* text : {"shared:fp16+sr@16", "shared:nvfp4+sr@16"}) {
+    const std::string policy_text(text);
+    CAPTURE(policy_text);
+    for (const auto& h : ssm::measure_state_error(d.sequence(), ssm::PrecisionPolicy::parse(text), {})) {
+      MESSAGE(text << " head " << h.value_head << ": one rounding of S " << h.rounding_var << ", realized "
+                   << h.realized_var << ", measured " << h.measured_ms);
+      CHECK(h.mean_gamma2 == 1.0);
+      CHECK(h.realized_var < 0.1 * h.rounding_var);
+      CHECK(h.realized_var > 0.0);
+    }
   }
 }
 
