@@ -133,7 +133,9 @@ step of 16K tokens for the default model), so by default (``--mamba-scan einsum`
 (Mamba2's and NemotronH's mixers) uses an equivalent chunked scan written here with einsums (the same chunking, dt clamp, D skip, float32
 arithmetic with TF32 matmuls on CUDA; tests/python/test_train_tiny.py checks outputs and gradients
 against transformers'). The saved model is a plain Mamba2ForCausalLM, and the PG-19 evaluation always runs transformers' own forward.
-``--mamba-scan reference`` trains with transformers' code unchanged.
+``--mamba-scan reference`` trains with transformers' code unchanged. For Gated DeltaNet, ``--gdn-chunk N``
+sets the chunk length of transformers' torch delta rule in training (default 64, its own): its loop over
+chunks runs one iteration per chunk, so long contexts take fewer, larger steps with a larger N.
 
 Determinism: the same seed, step count, batch, device and software give the same weights as far as
 torch allows (torch.use_deterministic_algorithms(True, warn_only=True), CUBLAS_WORKSPACE_CONFIG set).
@@ -212,6 +214,9 @@ def parse_args(argv):
                     help="bf16 autocast: auto = on CUDA only")
     ap.add_argument("--mamba-scan", default="einsum", choices=["einsum", "reference"],
                     help="Mamba-2 chunk scan used for training (evaluation always uses transformers')")
+    ap.add_argument("--gdn-chunk", type=int, default=train.GDN_DEFAULT_CHUNK,
+                    help="qwen3_5: positions per chunk of transformers' torch Gated DeltaNet in training (16-4096; "
+                         "evaluation always uses its default 64)")
     ap.add_argument("--eval-bytes", type=int, default=65536, help="bytes per PG-19 book to evaluate, 0: skip")
     ap.add_argument("--eval-chunk", type=int, default=None,
                     help="streamed evaluation chunk (default: the final training length, at most 2048: transformers' "
@@ -251,6 +256,8 @@ def parse_args(argv):
             ap.error(f"--{k.replace('_', '-')} must not be negative, got {getattr(args, k)}")
     if not (math.isfinite(args.save_every_minutes) and args.save_every_minutes >= 0):
         ap.error(f"--save-every-minutes must be a finite number >= 0, got {args.save_every_minutes}")
+    if args.arch is not None and not 16 <= args.gdn_chunk <= 4096:
+        ap.error(f"--gdn-chunk must be 16 to 4096 positions, got {args.gdn_chunk}")
     try:
         lo, hi = (float(x) for x in args.init_memory.split(":"))
         if not (math.isfinite(lo) and math.isfinite(hi) and 1 < lo <= hi):

@@ -277,6 +277,37 @@ class MambaScan:
         return False
 
 
+class GatedDeltaChunk:
+    """Context manager: transformers' Qwen3.5 Gated DeltaNet layers run their torch chunked delta rule with
+    `chunk` positions per chunk instead of its default 64. The chunk loop is sequential (one iteration of small
+    matmuls per chunk, forward and backward), so at 16K-byte training contexts its 256 iterations per layer are
+    launch-bound on a GPU; larger chunks move work into the batched triangular solve. Same mathematics, float32
+    rounding apart (tests/python/test_train_tiny.py compares losses and gradients). None or 64: no change."""
+
+    def __init__(self, chunk):
+        from transformers.models.qwen3_5 import modeling_qwen3_5
+        self.module, self.chunk, self.saved = modeling_qwen3_5, chunk, None
+
+    def __enter__(self):
+        self.saved = self.module.torch_chunk_gated_delta_rule
+        if self.chunk not in (None, GDN_DEFAULT_CHUNK):
+            original, chunk = self.saved, self.chunk
+
+            def chunked(*a, **k):
+                k["chunk_size"] = chunk
+                return original(*a, **k)
+
+            self.module.torch_chunk_gated_delta_rule = chunked
+        return self
+
+    def __exit__(self, *exc):
+        self.module.torch_chunk_gated_delta_rule = self.saved
+        return False
+
+
+GDN_DEFAULT_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule default
+
+
 # ---- long-memory initialisation ---------------------------------------------------------------------
 
 DEFAULT_INIT_MEMORY = (10.0, 1e4)  # tokens: the log-uniform span of --decay-init log-uniform
@@ -751,7 +782,7 @@ def without_option(argv, flag):
 
 # The arguments that fix a training's result: a resumed run must repeat them (train_resume.check_identity).
 IDENTITY_ARGS = ("arch", "preset", "steps", "segments", "tokens_per_step", "seed", "lr", "warmup", "weight_decay",
-                 "amp", "mamba_scan", "decay_init", "init_memory", "resume_moments")
+                 "amp", "mamba_scan", "gdn_chunk", "decay_init", "init_memory", "resume_moments")
 
 
 def training_identity(args, corpus):
@@ -949,10 +980,11 @@ def run(args, argv, script):
                      "torch scan for evaluation" if scan is not None else "transformers' reference torch scan")
     else:
         scan_note = "flash-linear-attention kernels" if fast_paths()["fla"] else \
-            "transformers' reference torch Gated DeltaNet (chunked)"
+            f"transformers' reference torch Gated DeltaNet (chunked, {args.gdn_chunk} positions per chunk in " \
+            f"training, {GDN_DEFAULT_CHUNK} in evaluation)"
 
     log(f"SSM code: {scan_note}; optional kernels importable: {fast_paths()}")
-    with MambaScan(scan):
+    with MambaScan(scan), GatedDeltaChunk(args.gdn_chunk if args.arch == "qwen3_5" else None):
         result = train(model, corpus, args, device, torch, log, resume)
     log(f"trained {result['steps']} steps in {result['wall_s']:.1f} s ({result['ms_per_step']:.1f} ms/step), "
         f"final loss {result['final_loss']:.4f}")

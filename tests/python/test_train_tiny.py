@@ -442,6 +442,48 @@ def test_einsum_scan_inside_the_model(arch):
 
 
 @needs_torch
+def test_gdn_chunk_inside_the_model():
+    """Under GatedDeltaChunk(N) the Qwen3.5 model's Gated DeltaNet layers really run transformers' torch delta
+    rule with N positions per chunk (sequences not a multiple of N, several chunks), with the loss and gradients of
+    its default chunk of 64 to float32 rounding; outside it, transformers' function is back."""
+    import torch
+    import transformers
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    torch.manual_seed(5)
+    config = tt.build_config("qwen3_5", "tiny", transformers)
+    model = tt.build_model("qwen3_5", config, transformers).train()
+    ids = torch.randint(0, 256, (2, 301), generator=torch.Generator().manual_seed(6))
+    original = modeling_qwen3_5.torch_chunk_gated_delta_rule
+    seen = []
+
+    def spy(*a, **k):
+        seen.append(k.get("chunk_size", tt.GDN_DEFAULT_CHUNK))
+        return original(*a, **k)
+
+    results = []
+    for chunk in (None, 16, 128):
+        modeling_qwen3_5.torch_chunk_gated_delta_rule = spy
+        try:
+            model.zero_grad()
+            seen.clear()
+            with tt.GatedDeltaChunk(chunk):
+                logits = model(input_ids=ids, use_cache=False).logits
+                assert (modeling_qwen3_5.torch_chunk_gated_delta_rule is spy) == (chunk is None)
+            assert modeling_qwen3_5.torch_chunk_gated_delta_rule is spy
+        finally:
+            modeling_qwen3_5.torch_chunk_gated_delta_rule = original
+        assert seen == [chunk or tt.GDN_DEFAULT_CHUNK] * tt.layer_pattern("qwen3_5", config).count("G")
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), ids.roll(-1, 1).reshape(-1))
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    for loss, grads in results[1:]:
+        assert loss == pytest.approx(results[0][0], rel=1e-6)
+        for a, b in zip(results[0][1], grads):  # a few 1e-5 of a tensor's largest gradient: summation order
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * a.abs().max().item())
+
+
+@needs_torch
 def test_trained_checkpoint_runs_in_replayssm(trained, tmp_path):
     """The C++ loader reads the trained checkpoints and matches transformers' log-probabilities."""
     import numpy as np
@@ -611,6 +653,7 @@ def test_minutes_budget_stretches_the_context_schedule(tmp_path):
     (["--tokens-per-step", "256"], "--tokens-per-step goes with --seq-len-schedule"),
     (["--init-memory", "1:100"], "--init-memory must be LO:HI tokens with 1 < LO <= HI"),
     (["--save-every-minutes", "nan"], "--save-every-minutes must be a finite number >= 0"),
+    (["--gdn-chunk", "8"], "--gdn-chunk must be 16 to 4096 positions, got 8"),
 ])
 def test_rejects_bad_schedule_and_resume_options(tmp_path, option, message):
     train, pg19 = make_dirs(tmp_path, n_train=1, train_words=200)
