@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake pkg-config git python3-pip
-  libeigen3-dev libboost-dev libhdf5-dev libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev libtomlplusplus-dev
+  libeigen3-dev libboost-dev libhdf5-dev hdf5-tools libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev libtomlplusplus-dev
   openmpi-bin libopenmpi-dev)  # MPI: the multi-process kl-sweep (docs/MPI_SWEEP.md), optional at build time
 
 missing=()

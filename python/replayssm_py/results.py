@@ -193,3 +193,55 @@ def select(results, patterns):
         except re.error as e:
             raise ValueError(f"--configs: {p!r} is not a regular expression ({e})") from None
     return [c for c in results["configs"] if any(p.search(c["policy"]) for p in compiled)]
+
+
+def strip_positions(src, dst):
+    """Writes dst: the result file src without its per-position KL (the configs/*/kl datasets, N x books
+    floats each, most of a long sweep's size), every statistic, block sum and attribute kept, so that
+    load_results, the plots and tables and netCDF readers (xarray) read it as they read src. The dimension
+    scales are detached from each kl before it is deleted (a dangling scale reference makes netCDF readers
+    fail), then `h5repack` (hdf5-tools) writes the file without the freed space; dst is written atomically
+    and must not exist. Raises ValueError for a file that is not a finished result file or has no kl."""
+    import pathlib
+    import shutil
+    import subprocess
+
+    import h5py
+
+    from .files import write_atomically
+
+    src, dst = pathlib.Path(src), pathlib.Path(dst)
+    if dst.exists():
+        raise FileExistsError(f"{dst} exists: give another output path")
+    load_results(src)  # refuses files of another schema or unfinished ones
+    if shutil.which("h5repack") is None:
+        raise RuntimeError("h5repack not found: install hdf5-tools (scripts/setup.sh does)")
+    work = dst.with_name(f".{dst.name}.unpacked")
+    shutil.copyfile(src, work)
+    try:
+        with h5py.File(work, "r+") as f:
+            stripped = 0
+            for group in f["configs"].values():
+                if "kl" not in group:
+                    continue
+                kl = group["kl"]
+                for dim in kl.dims:
+                    for scale in list(dim.values()):
+                        dim.detach_scale(scale)
+                del group["kl"]
+                stripped += 1
+            if stripped == 0:
+                raise ValueError(f"{src}: no configs/*/kl dataset to strip")
+            f.attrs["positions_stripped"] = (f"the per-position KL (configs/*/kl) of {stripped} configurations left "
+                                             f"out by replayssm_py.results.strip_positions from {src.name}; the "
+                                             f"sweep's command_line remakes it")
+
+        def repack(tmp):
+            r = subprocess.run(["h5repack", str(work), str(tmp)], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"h5repack {work} failed: {r.stderr.strip()}")
+
+        write_atomically(dst, repack)
+    finally:
+        work.unlink(missing_ok=True)
+    return dst
