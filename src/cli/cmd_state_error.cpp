@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -116,6 +117,13 @@ void run_state_error(const StateErrorOptions& o) {
                            "median measured", "heads within 2x of", "median measured", "median");
   std::cout << fmt::format("{:<30} {:>6} {:>16} {:>16} {:>22} {:>16} {:>14}\n", "", "", "/ predicted", "/ coherent",
                            "the prediction", "/ realized", "rel. MS");
+  for (auto& policy_rows : rows) {  // head groups finish in thread order: write them in (book, layer, head) order
+    auto& heads = policy_rows.get_ref<nlohmann::json::array_t&>();
+    std::sort(heads.begin(), heads.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+      return std::make_tuple(a["book"].get<std::string>(), a["layer"].get<int>(), a["value_head"].get<int>()) <
+             std::make_tuple(b["book"].get<std::string>(), b["layer"].get<int>(), b["value_head"].get<int>());
+    });
+  }
   for (std::size_t p = 0; p < policies.size(); ++p) {
     std::vector<double> ratio, coh, rel, real;
     int within = 0;

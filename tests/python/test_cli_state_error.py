@@ -26,6 +26,8 @@ def test_state_error_json_and_plot(text_dir, tmp_path):
     assert [p["policy"] for p in j["policies"]] == ["shared:nvfp4+sr@16", "split:nvfp4+rtn/fp32@8"]
     for p in j["policies"]:
         assert len(p["heads"]) == 2 * 3 * 8  # 2 books x 3 layers x 8 heads
+        keys = [(h["book"], h["layer"], h["value_head"]) for h in p["heads"]]
+        assert keys == sorted(keys) and len(set(keys)) == len(keys)  # one row per head, in order (reruns equal)
         window = 16 if p["policy"].startswith("shared") else 8
         for h in p["heads"]:
             assert h["events"] == 640 // window and h["steady_events"] == h["events"] - h["events"] // 2
