@@ -20,17 +20,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", type=pathlib.Path)
-    ap.add_argument("--out", type=pathlib.Path, help="default: the JSON path with .png")
-    a = ap.parse_args(argv)
-    try:
-        data = json.loads(a.json.read_text())
-        policies = data["policies"]
-    except (OSError, json.JSONDecodeError, KeyError) as e:
-        sys.exit(f"{a.json}: not a `replayssm state-error` file ({e})")
-    out = a.out or a.json.with_suffix(".png")
+def plot_state_error(data, title_name=None):
+    """The figure for one `replayssm state-error` JSON document (already parsed): three panels, see the module
+    docstring. Raises ValueError when no head has a positive predicted and measured error."""
+    policies = data["policies"]
     fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(17, 5))
     lo, hi = math.inf, 0.0
     for i, p in enumerate(policies):
@@ -49,14 +42,15 @@ def main(argv=None) -> int:
             cx.scatter(*zip(*real), s=14, c=colour, marker=marker, alpha=0.7)
         lo, hi = min(lo, *x, *y), max(hi, *x, *y)
     if hi == 0.0:
-        sys.exit(f"{a.json}: no head with a positive predicted and measured error")
+        plt.close(fig)
+        raise ValueError("no head with a positive predicted and measured error")
     line = [lo / 2, hi * 2]
     ax.plot(line, line, "k-", lw=1, label="measured = predicted")
     ax.fill_between(line, [v / 2 for v in line], [v * 2 for v in line], color="0.85", zorder=0, label="factor 2")
+    name = title_name or pathlib.Path(data["model_dir"]).name
     ax.set(xscale="log", yscale="log", xlabel="predicted mean-square error / state mean square",
            ylabel="measured mean-square error / state mean square",
-           title=f"stored-state error per head: {pathlib.Path(data['model_dir']).name}, "
-                 f"{data['positions_per_book']} positions")
+           title=f"stored-state error per head: {name}, {data['positions_per_book']} positions")
     ax.legend(fontsize=7, loc="upper left")
     bx.axhline(1.0, color="k", lw=1)
     bx.axhspan(0.5, 2.0, color="0.85", zorder=0)
@@ -70,7 +64,25 @@ def main(argv=None) -> int:
                          "state; steady state (second half of the flushes). Right: realized r_e = D_e - gamma_e D_{e-1}; RTN's "
                          "errors correlate with the carried error, which the independent model leaves out", fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
+    return fig
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("json", type=pathlib.Path)
+    ap.add_argument("--out", type=pathlib.Path, help="default: the JSON path with .png")
+    a = ap.parse_args(argv)
+    try:
+        data = json.loads(a.json.read_text())
+        data["policies"]
+    except (OSError, json.JSONDecodeError, KeyError) as e:
+        sys.exit(f"{a.json}: not a `replayssm state-error` file ({e})")
+    out = a.out or a.json.with_suffix(".png")
+    try:
+        fig = plot_state_error(data)
+    except ValueError as e:
+        sys.exit(f"{a.json}: {e}")
     fig.savefig(out, dpi=130)
+    plt.close(fig)
     print(f"wrote {out}")
     return 0
-
