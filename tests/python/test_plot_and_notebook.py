@@ -222,7 +222,12 @@ def test_notebook_executes(paper_like, tmp_path):
     outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o["output_type"] == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 3  # KL vs length, one panel per model (here the same file twice), the window sweep
+    res = ROOT / "experiments" / "results"
+    committed = len(list(res.glob("fig13_long_*_summary.h5")) or list(res.glob("fig13_long_*.h5"))) + \
+        len(list(res.glob("state_error_long_*.json")))
+    # KL vs length, one panel per model (here the same file twice), the window sweep, then one figure per
+    # committed long-model window sweep and state-error file
+    assert len(images) == 3 + committed
     text = "".join("".join(o.get("text", "")) for o in outputs)
     assert "split:nvfp4+rtn/fp32@16" in text and "KL@128K" in text
 
