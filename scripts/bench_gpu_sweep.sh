@@ -26,7 +26,7 @@
 #
 # Output: OUT_DIR/<shape>_K<k>[_<compute>].h5, <shape>_sweep[_<compute>].log (with the timing lines),
 # <shape>_transformers.json and .log (validation and timing), <shape>_at<n>_<compute>.log, checkpoint.log; a summary of every pass's time at the end.
-# Checkpoints go to --ckpt-dir (default /tmp/replayssm_bench) and are reused when already complete.
+# Checkpoints go to --ckpt-dir (default build/bench-checkpoints, ignored by git) and are reused when already complete.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 repo=$PWD
@@ -36,7 +36,7 @@ usage() { sed -n '2,30p' "$0"; exit 2; }
 text_dir=$1 out_dir=$2
 shift 2
 models=qwen3.5-4b,nemotron-3-nano-4b length=131072 configs="" policies="" compute=fp32 skip_sweep=0 skip_tf=0
-tf_length="" validate=512 ckpt_dir=/tmp/replayssm_bench deadline=570 device=cuda tiny=0 layers="" bin=""
+tf_length="" validate=512 ckpt_dir=build/bench-checkpoints deadline=570 device=cuda tiny=0 layers="" bin=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --models) models=$2; shift 2 ;;

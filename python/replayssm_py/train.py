@@ -277,6 +277,9 @@ class MambaScan:
         return False
 
 
+GDN_DEFAULT_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule default
+
+
 class GatedDeltaChunk:
     """Context manager: transformers' Qwen3.5 Gated DeltaNet layers run their torch chunked delta rule with
     `chunk` positions per chunk instead of its default 64. The chunk loop is sequential (one iteration of small
@@ -303,9 +306,6 @@ class GatedDeltaChunk:
     def __exit__(self, *exc):
         self.module.torch_chunk_gated_delta_rule = self.saved
         return False
-
-
-GDN_DEFAULT_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule default
 
 
 # ---- long-memory initialisation ---------------------------------------------------------------------
