@@ -136,6 +136,9 @@ against transformers'). The saved model is a plain Mamba2ForCausalLM, and the PG
 ``--mamba-scan reference`` trains with transformers' code unchanged. For Gated DeltaNet, ``--gdn-chunk N``
 sets the chunk length of transformers' torch delta rule in training (default 64, its own): its loop over
 chunks runs one iteration per chunk, so long contexts take fewer, larger steps with a larger N.
+``--gdn-scan associative`` replaces that loop by an associative scan over the chunks' affine state maps
+(log2 of the chunk count levels of batched matmuls; replayssm_py/train.py, checked against transformers'
+function in tests/python/test_train_tiny.py); ``--gdn-scan loop`` (default) is transformers' loop.
 
 Determinism: the same seed, step count, batch, device and software give the same weights as far as
 torch allows (torch.use_deterministic_algorithms(True, warn_only=True), CUBLAS_WORKSPACE_CONFIG set).
@@ -217,6 +220,9 @@ def parse_args(argv):
     ap.add_argument("--gdn-chunk", type=int, default=train.GDN_DEFAULT_CHUNK,
                     help="qwen3_5: positions per chunk of transformers' torch Gated DeltaNet in training (16-4096; "
                          "evaluation always uses its default 64)")
+    ap.add_argument("--gdn-scan", default="loop", choices=list(train.GDN_SCANS),
+                    help="qwen3_5: the states of the chunks in training by transformers' sequential loop, or by an "
+                         "associative scan (log2(chunks) levels of batched matmuls; evaluation always uses the loop)")
     ap.add_argument("--eval-bytes", type=int, default=65536, help="bytes per PG-19 book to evaluate, 0: skip")
     ap.add_argument("--eval-chunk", type=int, default=None,
                     help="streamed evaluation chunk (default: the final training length, at most 2048: transformers' "

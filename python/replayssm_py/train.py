@@ -278,27 +278,95 @@ class MambaScan:
 
 
 GDN_DEFAULT_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule default
+GDN_SCANS = ("loop", "associative")  # --gdn-scan: transformers' chunk loop, or the associative scan below
+
+
+def associative_chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=GDN_DEFAULT_CHUNK, initial_state=None,
+                                       output_final_state=False, use_qk_l2norm_in_kernel=False, **_):
+    """transformers' torch_chunk_gated_delta_rule (same arguments, same chunked mathematics: the UT transform
+    inside each chunk by triangular solves) with its sequential loop over chunks replaced by an associative scan.
+    Chunk i maps the state S_i it starts from to S_{i+1} = M_i S_i + c_i, with M_i = gamma_i I - K~_i^T W_i
+    (the product of the chunk's per-token transitions gamma_t (I - beta_t k_t k_t^T)) and c_i = K~_i^T U_i;
+    a Hillis-Steele scan composes these affine maps in ceil(log2(chunks)) levels of batched matmuls, so a
+    16K-byte training context takes 8 levels instead of 256 dependent iterations (forward and backward).
+    Extra memory: chunks x dk x dk per head and level. Float32 throughout, like transformers'."""
+    import torch
+    import torch.nn.functional as F
+
+    initial_dtype = query.dtype
+    batch, length, _, dk = key.shape
+    n_heads, dv = value.shape[-2:]
+    query, key, value, beta, g = [x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+                                  for x in (query, key, value, beta, g)]
+    if use_qk_l2norm_in_kernel:  # transformers' l2norm (FLA's): x * rsqrt(sum x^2 + 1e-6)
+        query = query * torch.rsqrt((query * query).sum(-1, keepdim=True) + 1e-6)
+        key = key * torch.rsqrt((key * key).sum(-1, keepdim=True) + 1e-6)
+    query = query * dk ** -0.5
+    pad = (chunk_size - length % chunk_size) % chunk_size
+    query, key, value = (F.pad(x, (0, 0, 0, pad)) for x in (query, key, value))
+    beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
+    n = (length + pad) // chunk_size
+
+    def chunks(x):
+        return x.reshape(batch, n_heads, n, chunk_size, x.shape[-1])
+    q, k = chunks(query), chunks(key)
+    k_beta, v_beta = chunks(key * beta.unsqueeze(-1)), chunks(value * beta.unsqueeze(-1))
+    cum = g.reshape(batch, n_heads, n, chunk_size).cumsum(-1)  # log of the decay from the chunk's start
+    upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
+    pair = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()
+    ut = (k_beta @ k.transpose(-1, -2)) * pair  # unit lower triangular after the solve's own diagonal
+    intra = (q @ k.transpose(-1, -2)) * pair
+    u = torch.linalg.solve_triangular(ut, v_beta, upper=False, unitriangular=True)  # U_i
+    w = torch.linalg.solve_triangular(ut, k_beta * cum.exp().unsqueeze(-1), upper=False, unitriangular=True)  # W_i
+    q_dec = q * cum.exp().unsqueeze(-1)
+    k_dec = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)  # K~_i
+    gamma = cum[..., -1].exp()[..., None, None]
+    kt = k_dec.transpose(-1, -2)
+    m = gamma * torch.eye(dk, dtype=q.dtype, device=q.device) - kt @ w  # [b, h, n, dk, dk]
+    c = kt @ u  # [b, h, n, dk, dv]
+    step = 1
+    while step < n:  # inclusive scan: (M, c)_i <- (M_i M_{i-step}, M_i c_{i-step} + c_i)
+        m, c = (torch.cat([m[:, :, :step], m[:, :, step:] @ m[:, :, :-step]], 2),
+                torch.cat([c[:, :, :step], m[:, :, step:] @ c[:, :, :-step] + c[:, :, step:]], 2))
+        step *= 2
+    if initial_state is None:
+        after = c  # S_{i+1}
+        first = torch.zeros(batch, n_heads, 1, dk, dv, dtype=q.dtype, device=q.device)
+    else:
+        s0 = initial_state.to(c).unsqueeze(2)
+        after = m @ s0 + c
+        first = s0
+    before = torch.cat([first, after[:, :, :-1]], 2)  # S_i, the state chunk i starts from
+    v_new = u - w @ before
+    out = q_dec @ before + intra @ v_new
+    out = out.reshape(batch, n_heads, -1, dv)[:, :, :length]
+    out = out.transpose(1, 2).to(initial_dtype, memory_format=torch.contiguous_format)
+    return out, (after[:, :, -1] if output_final_state else None)
 
 
 class GatedDeltaChunk:
-    """Context manager: transformers' Qwen3.5 Gated DeltaNet layers run their torch chunked delta rule with
-    `chunk` positions per chunk instead of its default 64. The chunk loop is sequential (one iteration of small
-    matmuls per chunk, forward and backward), so at 16K-byte training contexts its 256 iterations per layer are
-    launch-bound on a GPU; larger chunks move work into the batched triangular solve. Same mathematics, float32
-    rounding apart (tests/python/test_train_tiny.py compares losses and gradients). None or 64: no change."""
+    """Context manager: transformers' Qwen3.5 Gated DeltaNet layers run their chunked delta rule with `chunk`
+    positions per chunk instead of its default 64, and with scan "associative" the chunks' states come from
+    associative_chunk_gated_delta_rule instead of transformers' sequential loop over chunks (one iteration of
+    small matmuls per chunk, forward and backward: at 16K-byte training contexts 256 dependent iterations per
+    layer, launch-bound on a GPU). Same mathematics, float32 rounding apart (tests/python/test_train_tiny.py
+    compares losses and gradients). chunk None or 64 with scan "loop": no change."""
 
-    def __init__(self, chunk):
+    def __init__(self, chunk, scan="loop"):
         from transformers.models.qwen3_5 import modeling_qwen3_5
-        self.module, self.chunk, self.saved = modeling_qwen3_5, chunk, None
+        if scan not in GDN_SCANS:
+            raise ValueError(f"GDN scan must be one of {GDN_SCANS}, got {scan!r}")
+        self.module, self.chunk, self.scan, self.saved = modeling_qwen3_5, chunk, scan, None
 
     def __enter__(self):
         self.saved = self.module.torch_chunk_gated_delta_rule
-        if self.chunk not in (None, GDN_DEFAULT_CHUNK):
-            original, chunk = self.saved, self.chunk
+        if self.chunk not in (None, GDN_DEFAULT_CHUNK) or self.scan != "loop":
+            rule = associative_chunk_gated_delta_rule if self.scan == "associative" else self.saved
+            chunk = self.chunk or GDN_DEFAULT_CHUNK
 
             def chunked(*a, **k):
                 k["chunk_size"] = chunk
-                return original(*a, **k)
+                return rule(*a, **k)
 
             self.module.torch_chunk_gated_delta_rule = chunked
         return self
@@ -782,7 +850,7 @@ def without_option(argv, flag):
 
 # The arguments that fix a training's result: a resumed run must repeat them (train_resume.check_identity).
 IDENTITY_ARGS = ("arch", "preset", "steps", "segments", "tokens_per_step", "seed", "lr", "warmup", "weight_decay",
-                 "amp", "mamba_scan", "gdn_chunk", "decay_init", "init_memory", "resume_moments")
+                 "amp", "mamba_scan", "gdn_chunk", "gdn_scan", "decay_init", "init_memory", "resume_moments")
 
 
 def training_identity(args, corpus):
@@ -981,10 +1049,13 @@ def run(args, argv, script):
     else:
         scan_note = "flash-linear-attention kernels" if fast_paths()["fla"] else \
             f"transformers' reference torch Gated DeltaNet (chunked, {args.gdn_chunk} positions per chunk in " \
-            f"training, {GDN_DEFAULT_CHUNK} in evaluation)"
+            f"training, {GDN_DEFAULT_CHUNK} in evaluation)" + (
+                "; in training the chunks' states by an associative scan (replayssm_py/train.py) instead of its "
+                "loop over chunks" if args.gdn_scan == "associative" else "")
 
     log(f"SSM code: {scan_note}; optional kernels importable: {fast_paths()}")
-    with MambaScan(scan), GatedDeltaChunk(args.gdn_chunk if args.arch == "qwen3_5" else None):
+    with MambaScan(scan), GatedDeltaChunk(args.gdn_chunk if args.arch == "qwen3_5" else None,
+                                                    args.gdn_scan if args.arch == "qwen3_5" else "loop"):
         result = train(model, corpus, args, device, torch, log, resume)
     log(f"trained {result['steps']} steps in {result['wall_s']:.1f} s ({result['ms_per_step']:.1f} ms/step), "
         f"final loss {result['final_loss']:.4f}")

@@ -484,6 +484,79 @@ def test_gdn_chunk_inside_the_model():
 
 
 @needs_torch
+@pytest.mark.parametrize("length,chunk,with_state", [(301, 16, True), (64, 64, False), (1000, 64, True), (37, 64, False)])
+def test_associative_gdn_scan_matches_transformers(length, chunk, with_state):
+    """associative_chunk_gated_delta_rule against transformers' torch_chunk_gated_delta_rule on fresh random
+    inputs (float64 in, both compute in float32): outputs, final states and the gradients of every input to float32
+    rounding, for one chunk, several, a length that is not a multiple of the chunk and one shorter than it."""
+    import torch
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    gen = torch.Generator().manual_seed(1000 + length + chunk)
+    b, h, dk, dv = 2, 3, 32, 16
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+    leaves = [rand(b, length, h, dk), rand(b, length, h, dk), rand(b, length, h, dv),
+              -0.2 * torch.rand(b, length, h, generator=gen, dtype=torch.float64),
+              torch.rand(b, length, h, generator=gen, dtype=torch.float64)]
+    if with_state:
+        leaves.append(rand(b, h, dk, dv))
+    results = []
+    for rule in (modeling_qwen3_5.torch_chunk_gated_delta_rule, tt.associative_chunk_gated_delta_rule):
+        xs = [x.clone().requires_grad_() for x in leaves]
+        out, state = rule(*xs[:5], chunk_size=chunk, initial_state=xs[5] if with_state else None,
+                          output_final_state=True, use_qk_l2norm_in_kernel=True)
+        (out.pow(2).sum() + state.sin().sum()).backward()
+        results.append([out.detach(), state.detach()] + [x.grad for x in xs])
+    for ref, got in zip(*results):
+        assert got.shape == ref.shape
+        assert (got - ref).abs().max() <= 2e-5 * ref.abs().max(), (got - ref).abs().max() / ref.abs().max()
+
+
+@needs_torch
+def test_associative_gdn_scan_inside_the_model():
+    """GatedDeltaChunk(N, "associative"): the Qwen3.5 model trains through the associative scan, with the loss and
+    gradients of transformers' own loop to float32 rounding (also with a chunk of 128)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(7)
+    config = tt.build_config("qwen3_5", "tiny", transformers)
+    model = tt.build_model("qwen3_5", config, transformers).train()
+    ids = torch.randint(0, 256, (2, 333), generator=torch.Generator().manual_seed(8))
+    calls = []
+    original = tt.associative_chunk_gated_delta_rule
+
+    def counted(*a, **k):
+        calls.append(k["chunk_size"])
+        return original(*a, **k)
+    results = []
+    for chunk, scan in ((None, "loop"), (64, "associative"), (128, "associative")):
+        model.zero_grad()
+        tt.associative_chunk_gated_delta_rule = counted
+        try:
+            with tt.GatedDeltaChunk(chunk, scan):
+                logits = model(input_ids=ids, use_cache=False).logits
+        finally:
+            tt.associative_chunk_gated_delta_rule = original
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), ids.roll(-1, 1).reshape(-1))
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    n_gdn = tt.layer_pattern("qwen3_5", config).count("G")
+    assert n_gdn > 0 and calls == [64] * n_gdn + [128] * n_gdn
+    # a tensor whose gradient is itself rounding noise (~1e-10, e.g. a 2-element parameter) is held to the largest
+    # gradient's scale, every other to its own
+    floor = 1e-6 * max(a.abs().max().item() for a in results[0][1])
+    for loss, grads in results[1:]:
+        assert loss == pytest.approx(results[0][0], rel=1e-6)
+        for a, b in zip(results[0][1], grads):
+            assert torch.allclose(a, b, rtol=1e-4, atol=max(1e-4 * a.abs().max().item(), floor))
+    with pytest.raises(ValueError, match="GDN scan must be one of"):
+        tt.GatedDeltaChunk(64, "parallel")
+
+
+@needs_torch
 def test_trained_checkpoint_runs_in_replayssm(trained, tmp_path):
     """The C++ loader reads the trained checkpoints and matches transformers' log-probabilities."""
     import numpy as np
