@@ -341,12 +341,20 @@ def plot_window_sweep(results, configs=None, title=None):
         counters[scheme] = k + 1
         famcolour[fam] = (_SPLIT_COLOURS[k % len(_SPLIT_COLOURS)] if scheme == "split" else
                           _SHARED_COLOURS[k % len(_SHARED_COLOURS)] if scheme == "shared" else "0.4")
+    # Curves that one hides on the log axis (FP32 and FP16+SR recurrence): per window L on the left, the later
+    # family of an overlapping pair is drawn thin with open, larger markers; the same over L on the right.
+    hidden_left = set()
+    for L in windows:
+        at_l = [(fam, c) for fam, cs in fams.items() for c in cs if c["info"]["window"] == L]
+        hidden_left |= {(at_l[j][0], L) for _, j in overlapping_pairs([c for _, c in at_l])}
     for fam, cs in fams.items():
         for c in sorted(cs, key=lambda c: c["info"]["window"] or 0):
             y = np.asarray(c["bucket_mean"], dtype=float)
             colour = "0.4" if c["info"]["scheme"] == "conv" else wcol.get(c["info"]["window"], "k")
-            ax0.plot(x, np.where(y > 0, y, np.nan), color=colour, markersize=3,
-                     linewidth=1.5, **famstyle[fam])
+            open_markers = (fam, c["info"]["window"]) in hidden_left
+            ax0.plot(x, np.where(y > 0, y, np.nan), color=colour, markersize=6 if open_markers else 3,
+                     linewidth=0.8 if open_markers else 1.5,
+                     **dict(famstyle[fam], **({"markerfacecolor": "none"} if open_markers else {})))
             _band(ax0, x, np.where(y > 0, y, np.nan), c.get("bucket_mean_se", np.full(len(x), np.nan)), colour)
     _length_axis(ax0, x)
     ax0.set_xlabel("sequence length (tokens)")
@@ -356,23 +364,36 @@ def plot_window_sweep(results, configs=None, title=None):
     def family_name(fam):
         return pretty_name(fam.split(",")[0] + "@0").replace(", L=0", "")
 
+    overlapped_left = {fam for fam, _ in hidden_left}
     handles = [Line2D([], [], color=wcol[L], linewidth=2, label=f"L = {L}") for L in windows]
-    handles += [Line2D([], [], color="k", label=family_name(f), **famstyle[f]) for f in fams]
+    handles += [Line2D([], [], color="k", label=family_name(f) + (" — open markers where it overlaps another curve"
+                                                                 if f in overlapped_left else ""),
+                       **dict(famstyle[f], **({"markerfacecolor": "none"} if f in overlapped_left else {})))
+                for f in fams]
     ax0.legend(handles=handles, fontsize=8, frameon=False)
     ax0.set_title("KL vs length for each window L", fontsize=11)
 
     last = len(results["edges"]) - 2
+    by_l = []
     for fam, cs in fams.items():
         cs = sorted((c for c in cs if c["info"]["window"] and c["info"]["scheme"] != "conv"),
                     key=lambda c: c["info"]["window"])
-        if not cs:
-            continue
-        Ls = [c["info"]["window"] for c in cs]
-        ys = [c["bucket_mean"][last] if c["bucket_count"][last] else np.nan for c in cs]
-        ses = [2 * c.get("bucket_mean_se", np.full(last + 1, np.nan))[last] for c in cs]
-        ax1.errorbar(Ls, [y if y and y > 0 else np.nan for y in ys],
-                     yerr=None if np.isnan(ses).all() else np.nan_to_num(ses), color=famcolour[fam], markersize=6,
-                     linewidth=2, capsize=3, label=family_name(fam), **famstyle[fam])
+        if cs:
+            by_l.append(dict(fam=fam, Ls=[c["info"]["window"] for c in cs],
+                             bucket_mean=[c["bucket_mean"][last] if c["bucket_count"][last] else np.nan for c in cs],
+                             ses=[2 * c.get("bucket_mean_se", np.full(last + 1, np.nan))[last] for c in cs]))
+    # the pairs are compared at equal L only: curves over different sets of L are never 'overlapping'
+    hidden_right = {j: i for i, j in overlapping_pairs(by_l) if by_l[i]["Ls"] == by_l[j]["Ls"]}
+    for j, f in enumerate(by_l):
+        style = dict(famstyle[f["fam"]], markersize=6, linewidth=2, capsize=3)
+        label = family_name(f["fam"])
+        if j in hidden_right:
+            style.update(markerfacecolor="none", markersize=10, markeredgewidth=1.5, linewidth=1.0)
+            label += f" — overlaps {family_name(by_l[hidden_right[j]]['fam'])} (open markers)"
+        ys, ses = f["bucket_mean"], f["ses"]
+        ax1.errorbar(f["Ls"], [y if y and y > 0 else np.nan for y in ys],
+                     yerr=None if np.isnan(ses).all() else np.nan_to_num(ses), color=famcolour[f["fam"]],
+                     label=label, **style)
     ax1.set_xscale("log", base=2)
     ax1.set_yscale("log")
     ax1.set_xticks(windows)
@@ -380,7 +401,7 @@ def plot_window_sweep(results, configs=None, title=None):
     ax1.set_xlabel("window L (steps per flush)")
     ax1.set_ylabel(f"mean KL at length {length_label(results['edges'][-1])}")
     ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=8, frameon=False)
+    ax1.legend(fontsize=8, frameon=False, loc="upper right")
     ax1.set_title(f"KL of the longest bucket vs L (N = {results['n_positions']})", fontsize=11)
     fig.suptitle(title or f"Window sweep — {results['attrs'].get('model_description', '')}", fontsize=12)
     return fig

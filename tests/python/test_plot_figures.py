@@ -107,3 +107,39 @@ def test_panels_from_the_command_line(tmp_path):
     r = subprocess.run([sys.executable, str(PLOT), str(a), str(b), "--kind", "table"], capture_output=True,
                        text=True, env=checkout_env(), cwd=ROOT, timeout=120)
     assert r.returncode == 1 and "one panel each for --kind length only" in r.stderr
+
+
+def test_window_sweep_marks_curves_that_hide_each_other(tmp_path):
+    """plot_window_sweep (fig. 13): where two families' curves at the same L agree within 10% in every bucket
+    (checked here by hand), the later one is drawn with open markers on the left, and the families' curves over L
+    on the right likewise, with the legend saying so; families that differ keep filled markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    path = make_results(tmp_path / "w.h5", n=16384, books=2, windows=(4, 16, 64), seed=31)
+    res = load_results(path)
+    by = {c["policy"]: np.asarray(c["bucket_mean"], dtype=float) for c in res["configs"]}
+    fams = ["split:nvfp4+rtn/fp32", "split:nvfp4+rtn/fp16+sr"]
+    for L in (4, 16, 64):  # the oracle: the synthetic separate curves differ by ~3%, far under 10%
+        a, b = by[f"{fams[0]}@{L}"], by[f"{fams[1]}@{L}"]
+        assert np.all(np.abs(a - b) <= 0.1 * np.minimum(a, b))
+        assert not np.all(np.abs(by[f"shared:nvfp4+sr@{L}"] - a) <= 0.1 * a)
+    fig = plot.plot_window_sweep(res, configs="nvfp4")
+    ax0, ax1 = [ax for ax in fig.axes if ax.get_title()]
+    open_left = [line for line in ax0.get_lines() if line.get_markerfacecolor() == "none" and line.get_xdata().size > 1]
+    assert len(open_left) == 3  # the FP16+SR family at each of the three windows, nothing else
+    labels = [t.get_text() for t in ax0.get_legend().get_texts()]
+    assert [t for t in labels if "open markers" in t] == [
+        "separate: NVFP4+RTN read / FP16+SR recur — open markers where it overlaps another curve"]
+    # right: one value per L, the longest bucket's; the pairs within 10% at every L, found by hand
+    order = ["shared:nvfp4+sr", "shared:nvfp4+rtn", *fams]  # the file's order of the nvfp4 families
+    last = {f: np.array([by[f"{f}@{L}"][-1] for L in (4, 16, 64)]) for f in order}
+    expect = [(order[i], order[j]) for j in range(len(order)) for i in range(j)
+              if np.all(np.abs(last[order[i]] - last[order[j]]) <= 0.1 * np.minimum(last[order[i]], last[order[j]]))]
+    assert (fams[0], fams[1]) in expect
+    right = [t.get_text() for t in ax1.get_legend().get_texts()]
+    name = {f: plot.pretty_name(f + "@0").replace(", L=0", "") for f in order}
+    assert sorted(t for t in right if "overlaps" in t) == sorted(
+        f"{name[j]} — overlaps {name[i]} (open markers)" for i, j in expect)
+    open_right = [line for line in ax1.get_lines() if line.get_markerfacecolor() == "none"]
+    assert len(open_right) == len(expect) and all(list(l.get_xdata()) == [4, 16, 64] for l in open_right)
