@@ -1,8 +1,10 @@
 """experiments/layer_read_error.sh (issue 11): one SSM layer at a time in a low-precision policy. Oracle: the
 per-position KL that `replayssm kl-sweep` computes and stores in C++ for the same model, book, length and
 policy, against the script's own KL from `replayssm logits` log-probabilities (numpy, float64)."""
+import importlib.util
 import pathlib
 import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -46,3 +48,31 @@ def test_layer_read_error_matches_kl_sweep(tmp_path):
             means = [kl[a:b].mean() for a, b in zip(cuts, cuts[1:])]
             np.testing.assert_allclose(rows[("all", L)][:3], means, rtol=2e-3, atol=1e-12)
             assert rows[("all", L)][3] == pytest.approx(np.median(kl[cuts[2]:]), rel=2e-3, abs=1e-12)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
+                    reason="needs torch and transformers (the train extra)")
+def test_head_read_error_reconstructs_the_toolkits_split_policy():
+    """experiments/head_read_error.py rebuilds split:nvfp4+rtn/fp32@L on one Mamba-2 block from transformers'
+    forward and replayssm_py.formats' NVFP4 (no C++), and its --check runs `replayssm logits --layer-policy` on
+    the same input: the per-position KL of the two must agree (correlation and mean) at two windows."""
+    exe = pathlib.Path(replayssm_binary())
+    if not exe.exists():
+        pytest.skip(f"{exe} not built")
+    if not TEXT_DIR.is_dir():
+        pytest.skip(f"{TEXT_DIR} not present")
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "head_read_error.py"),
+                        str(ROOT / "data" / "models" / "nemotron_h_tiny"), "--block", "0", "--positions", "400",
+                        "--windows", "4,16", "--text-dir", str(TEXT_DIR), "--check", str(exe)],
+                       capture_output=True, text=True, env=checkout_env(), cwd=ROOT, timeout=900)
+    assert r.returncode == 0, r.stderr
+    rows = [l for l in r.stdout.splitlines() if "all heads:" in l]
+    assert len(rows) == 2
+    for line in rows:
+        ours = float(line.split("all heads:")[1].split()[0])
+        theirs = float(line.split("replayssm:")[1].split(",")[0])
+        corr = float(line.rsplit("correlation", 1)[1])
+        assert ours > 0 and ours == pytest.approx(theirs, rel=1e-3), line
+        assert corr >= 0.999, line
+    heads = [l for l in r.stdout.splitlines() if "alone:" in l]
+    assert len(heads) == 2 * 8  # nemotron_h_tiny: 8 value heads per Mamba-2 block (mamba_num_heads)
