@@ -370,7 +370,7 @@ def plot_window_sweep(results, configs=None, title=None):
                                                                  if f in overlapped_left else ""),
                        **dict(famstyle[f], **({"markerfacecolor": "none"} if f in overlapped_left else {})))
                 for f in fams]
-    ax0.legend(handles=handles, fontsize=8, frameon=False)
+    ax0.legend(handles=handles, fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     ax0.set_title("KL vs length for each window L", fontsize=11)
 
     last = len(results["edges"]) - 2
@@ -401,7 +401,7 @@ def plot_window_sweep(results, configs=None, title=None):
     ax1.set_xlabel("window L (steps per flush)")
     ax1.set_ylabel(f"mean KL at length {length_label(results['edges'][-1])}")
     ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=8, frameon=False, loc="upper right")
+    ax1.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1)  # below: no curve hidden
     ax1.set_title(f"KL of the longest bucket vs L (N = {results['n_positions']})", fontsize=11)
     fig.suptitle(title or f"Window sweep — {results['attrs'].get('model_description', '')}", fontsize=12)
     return fig
