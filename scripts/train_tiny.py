@@ -264,6 +264,8 @@ def parse_args(argv):
         ap.error(f"--save-every-minutes must be a finite number >= 0, got {args.save_every_minutes}")
     if args.arch is not None and not 16 <= args.gdn_chunk <= 4096:
         ap.error(f"--gdn-chunk must be 16 to 4096 positions, got {args.gdn_chunk}")
+    if args.arch not in (None, "qwen3_5") and args.gdn_scan != "loop":
+        ap.error(f"--gdn-scan applies to --arch qwen3_5 only (Gated DeltaNet), not --arch {args.arch}")
     try:
         lo, hi = (float(x) for x in args.init_memory.split(":"))
         if not (math.isfinite(lo) and math.isfinite(hi) and 1 < lo <= hi):

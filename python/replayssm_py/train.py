@@ -1054,8 +1054,8 @@ def run(args, argv, script):
                 "loop over chunks" if args.gdn_scan == "associative" else "")
 
     log(f"SSM code: {scan_note}; optional kernels importable: {fast_paths()}")
-    with MambaScan(scan), GatedDeltaChunk(args.gdn_chunk if args.arch == "qwen3_5" else None,
-                                                    args.gdn_scan if args.arch == "qwen3_5" else "loop"):
+    gdn = (args.gdn_chunk, args.gdn_scan) if args.arch == "qwen3_5" else (None, "loop")
+    with MambaScan(scan), GatedDeltaChunk(*gdn):
         result = train(model, corpus, args, device, torch, log, resume)
     log(f"trained {result['steps']} steps in {result['wall_s']:.1f} s ({result['ms_per_step']:.1f} ms/step), "
         f"final loss {result['final_loss']:.4f}")

@@ -727,6 +727,8 @@ def test_minutes_budget_stretches_the_context_schedule(tmp_path):
     (["--init-memory", "1:100"], "--init-memory must be LO:HI tokens with 1 < LO <= HI"),
     (["--save-every-minutes", "nan"], "--save-every-minutes must be a finite number >= 0"),
     (["--gdn-chunk", "8"], "--gdn-chunk must be 16 to 4096 positions, got 8"),
+    (["--gdn-scan", "associative"], "--gdn-scan applies to --arch qwen3_5 only (Gated DeltaNet), not --arch nemotron_h"),
+    (["--gdn-scan", "parallel"], "invalid choice: 'parallel'"),
 ])
 def test_rejects_bad_schedule_and_resume_options(tmp_path, option, message):
     train, pg19 = make_dirs(tmp_path, n_train=1, train_words=200)
