@@ -26,6 +26,7 @@ def plot_state_error(data, title_name=None):
     policies = data["policies"]
     fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(17, 5))
     lo, hi = math.inf, 0.0
+    drew_realized = False
     for i, p in enumerate(policies):
         pts = [(h["predicted_ms"] / h["state_ms"], h["measured_ms"] / h["state_ms"], h["mean_gamma2"])
                for h in p["heads"] if h["predicted_ms"] and h["state_ms"] > 0 and h["measured_ms"] > 0]
@@ -40,6 +41,7 @@ def plot_state_error(data, title_name=None):
                 if h.get("realized_predicted_ms") and h["measured_ms"] > 0]
         if real:
             cx.scatter(*zip(*real), s=14, c=colour, marker=marker, alpha=0.7)
+            drew_realized = True
         lo, hi = min(lo, *x, *y), max(hi, *x, *y)
     if hi == 0.0:
         plt.close(fig)
@@ -60,6 +62,10 @@ def plot_state_error(data, title_name=None):
     cx.axhspan(0.5, 2.0, color="0.85", zorder=0)
     cx.set(xlabel="E[gamma^2] over the window", ylabel="measured / predicted from the realized rounding errors",
            yscale="log", title="sigma^2, b of the errors received (Mamba-2)")
+    if not drew_realized:  # an empty panel would read as "no error": say why there is nothing to draw
+        cx.text(0.5, 0.5, "not measured for this model: the errors received are known\nexactly only for a "
+                "scalar decay (Mamba-2); a GDN/KDA state's error\nis carried by a matrix, not by gamma",
+                transform=cx.transAxes, ha="center", va="center", fontsize=9, color="0.3")
     fig.text(0.01, 0.01, "shared (o): sigma^2/(1-E[gamma^2]) + (b/(1-E[gamma]))^2; split (^): one rounding of the HP "
                          "state; steady state (second half of the flushes). Right: realized r_e = D_e - gamma_e D_{e-1}; RTN's "
                          "errors correlate with the carried error, which the independent model leaves out", fontsize=7)

@@ -58,3 +58,22 @@ def test_refusals(text_dir, tmp_path):
     r = run("state-error", MODEL, "--text-dir", text_dir, "--length", 64, "--json", tmp_path / "y.json",
             "--policies", "conv:nvfp4+rtn")
     assert r.returncode != 0 and "conventional" in r.stderr
+
+
+def test_plot_says_why_the_realized_panel_is_empty():
+    """A model without realized-error moments (GDN, KDA: no scalar decay) gets a note in the third panel, not
+    an empty panel that reads as 'no error'; a Mamba-2 document gets points and no note."""
+    sys.path.insert(0, str(ROOT / "python"))
+    from replayssm_py.state_error_plot import plot_state_error
+
+    def doc(realized):
+        head = {"predicted_ms": 2e-3, "state_ms": 1.0, "measured_ms": 1.5e-3, "mean_gamma2": 0.9,
+                "realized_predicted_ms": 1.6e-3 if realized else 0.0}
+        return {"model_dir": "m", "positions_per_book": 64, "policies": [{"policy": "shared:nvfp4+sr@16",
+                                                                          "heads": [head]}]}
+    for realized in (False, True):
+        fig = plot_state_error(doc(realized))
+        cx = fig.axes[2]
+        notes = [t.get_text() for t in cx.texts]
+        assert (len(cx.collections) > 0) == realized
+        assert any("not measured" in t for t in notes) == (not realized)
