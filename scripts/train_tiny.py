@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Train a small byte-level Mamba-2, Qwen3.5-style Gated DeltaNet hybrid or NemotronH-style hybrid on Project
-Gutenberg books.
+"""Train a small byte-level Mamba-2, Qwen3.5-style Gated DeltaNet hybrid, NemotronH-style hybrid or
+Kimi-Linear-style KDA hybrid on Project Gutenberg books.
 
    python3 scripts/train_tiny.py --arch mamba2 --out data/models/tiny_mamba2 --device cuda --steps 30000 --minutes 3.5
    python3 scripts/train_tiny.py --arch qwen3_5 --out data/models/tiny_qwen3_5 --device cuda --steps 30000 --minutes 3.5
@@ -25,8 +25,12 @@ the config conventions of scripts/make_goldens.py:
   - relu² MLP of 768, * attention without RoPE, 4 heads / 2 kv heads of 64), untied LM head, ≈5.0 M
   parameters (19.8 MB). ``time_step_min`` (NemotronH's hard floor on dt, which the C++ loader applies too) is
   1e-4, below every dt of the long-memory initialisation.
+* ``--arch kimi_linear``: ``KimiLinearForCausalLM`` (model_type ``kimi_linear``), the layer pattern
+  ``KKK*KKK*`` (K Kimi Delta Attention, 2 heads of dk = dv = 128 with per-channel decay; * MLA attention,
+  4 heads, kv rank 128), dense SwiGLU MLPs of 512 in every layer (no MoE), untied LM head (transformers'
+  class does not tie it), ≈6.1 M parameters (24.4 MB).
 
-All keep dk = 128 (Mamba-2 ``state_size``, GDN ``linear_key_head_dim``): the state formats' blocks run
+All keep dk = 128 (Mamba-2 ``state_size``, GDN ``linear_key_head_dim``, KDA ``linear_head_dim``): the state formats' blocks run
 along dk and FP8 block-128 needs dk to be a multiple of 128. Each checkpoint stays under 25 MB.
 
 Beside the weights: ``MODEL_CARD.md`` (architecture, parameter count, config summary, training text,
@@ -133,7 +137,8 @@ step of 16K tokens for the default model), so by default (``--mamba-scan einsum`
 (Mamba2's and NemotronH's mixers) uses an equivalent chunked scan written here with einsums (the same chunking, dt clamp, D skip, float32
 arithmetic with TF32 matmuls on CUDA; tests/python/test_train_tiny.py checks outputs and gradients
 against transformers'). The saved model is a plain Mamba2ForCausalLM, and the PG-19 evaluation always runs transformers' own forward.
-``--mamba-scan reference`` trains with transformers' code unchanged. For Gated DeltaNet, ``--gdn-chunk N``
+``--mamba-scan reference`` trains with transformers' code unchanged. For Gated DeltaNet and KDA (the two
+delta-rule layers; for KDA the same flags act on transformers' ``chunk_kimi_delta_attention``), ``--gdn-chunk N``
 sets the chunk length of transformers' torch delta rule in training (default 64, its own): its loop over
 chunks runs one iteration per chunk, so long contexts take fewer, larger steps with a larger N.
 ``--gdn-scan associative`` replaces that loop by an associative scan over the chunks' affine state maps
@@ -169,7 +174,8 @@ from replayssm_py import train  # noqa: E402
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring.",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", choices=["mamba2", "qwen3_5", "nemotron_h"], help="required unless --add-decays")
+    ap.add_argument("--arch", choices=["mamba2", "qwen3_5", "nemotron_h", "kimi_linear"],
+                    help="required unless --add-decays")
     ap.add_argument("--add-decays", default=None, metavar="DIR",
                     help="only measure the decay spectrum of the trained folder DIR (replayssm info --decays on "
                          "--pg19-dir) and write it into its card; nothing is trained")
@@ -218,10 +224,10 @@ def parse_args(argv):
     ap.add_argument("--mamba-scan", default="einsum", choices=["einsum", "reference"],
                     help="Mamba-2 chunk scan used for training (evaluation always uses transformers')")
     ap.add_argument("--gdn-chunk", type=int, default=train.GDN_DEFAULT_CHUNK,
-                    help="qwen3_5: positions per chunk of transformers' torch Gated DeltaNet in training (16-4096; "
+                    help="qwen3_5, kimi_linear: positions per chunk of transformers' torch delta rule in training (16-4096; "
                          "evaluation always uses its default 64)")
     ap.add_argument("--gdn-scan", default="loop", choices=list(train.GDN_SCANS),
-                    help="qwen3_5: the states of the chunks in training by transformers' sequential loop, or by an "
+                    help="qwen3_5, kimi_linear: the states of the chunks in training by transformers' sequential loop, or by an "
                          "associative scan (log2(chunks) levels of batched matmuls; evaluation always uses the loop)")
     ap.add_argument("--eval-bytes", type=int, default=65536, help="bytes per PG-19 book to evaluate, 0: skip")
     ap.add_argument("--eval-chunk", type=int, default=None,
@@ -264,8 +270,9 @@ def parse_args(argv):
         ap.error(f"--save-every-minutes must be a finite number >= 0, got {args.save_every_minutes}")
     if args.arch is not None and not 16 <= args.gdn_chunk <= 4096:
         ap.error(f"--gdn-chunk must be 16 to 4096 positions, got {args.gdn_chunk}")
-    if args.arch not in (None, "qwen3_5") and args.gdn_scan != "loop":
-        ap.error(f"--gdn-scan applies to --arch qwen3_5 only (Gated DeltaNet), not --arch {args.arch}")
+    if args.arch not in (None, *train.DELTA_RULES) and args.gdn_scan != "loop":
+        ap.error(f"--gdn-scan applies to the delta-rule architectures ({', '.join(train.DELTA_RULES)}: Gated DeltaNet, "
+                 f"KDA) only, not --arch {args.arch}")
     try:
         lo, hi = (float(x) for x in args.init_memory.split(":"))
         if not (math.isfinite(lo) and math.isfinite(hi) and 1 < lo <= hi):

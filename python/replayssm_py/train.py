@@ -110,11 +110,25 @@ PRESETS = {
         hidden_size=32, hybrid_override_pattern="M*-", mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=32,
         n_groups=2, conv_kernel=4, chunk_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
         intermediate_size=64),
+    # Kimi-Linear-style hybrid, pattern KKK*KKK* (K Kimi Delta Attention, * MLA), dense SwiGLU MLPs (no MoE):
+    # KDA 2 heads of dk = dv = 128 (Kimi Linear's head size); MLA 4 heads, kv rank 128, nope/rope 32/32, v 64.
+    ("kimi_linear", "default"): dict(
+        hidden_size=256, num_hidden_layers=8, intermediate_size=512, layer_types=qwen_layer_types(8),
+        mlp_layer_types=["dense"] * 8, linear_num_heads=2, linear_head_dim=128, linear_conv_kernel_dim=4,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=32,
+        v_head_dim=64, head_dim=64),
+    ("kimi_linear", "tiny"): dict(
+        hidden_size=32, num_hidden_layers=2, intermediate_size=64, layer_types=["linear_attention", "full_attention"],
+        mlp_layer_types=["dense"] * 2, linear_num_heads=2, linear_head_dim=16, linear_conv_kernel_dim=4,
+        num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+        v_head_dim=16, head_dim=16),
 }
-DEFAULT_LR = {"mamba2": 3e-3, "qwen3_5": 2e-3, "nemotron_h": 2e-3}
+DEFAULT_LR = {"mamba2": 3e-3, "qwen3_5": 2e-3, "nemotron_h": 2e-3, "kimi_linear": 2e-3}
 ARCH_TITLES = {"mamba2": "Mamba-2", "qwen3_5": "Qwen3.5-style Gated DeltaNet hybrid",
+               "kimi_linear": "Kimi-Linear-style Kimi Delta Attention + MLA hybrid",
                "nemotron_h": "NemotronH-style Mamba-2 + attention + MLP hybrid"}
 PATTERN_LEGENDS = {"mamba2": "M Mamba-2", "qwen3_5": "G Gated DeltaNet, * gated attention",
+                   "kimi_linear": "K Kimi Delta Attention, * MLA attention",
                    "nemotron_h": "M Mamba-2, * attention, - relu2 MLP"}
 
 
@@ -133,6 +147,13 @@ def build_config(arch, preset, transformers):
             time_step_max=0.1, time_step_floor=1e-4, layer_norm_epsilon=1e-5, initializer_range=0.02,
             tie_word_embeddings=False, use_conv_bias=True, use_bias=False, mlp_bias=False, attention_bias=False,
             max_position_embeddings=131072, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    if arch == "kimi_linear":
+        # Untied LM head: transformers' KimiLinearForCausalLM does not tie it (a tied config would save two
+        # different matrices, which the C++ loader refuses). No MoE layer, so the expert fields are placeholders.
+        return transformers.KimiLinearConfig(
+            vocab_size=256, **p, q_lora_rank=None, hidden_act="silu", rms_norm_eps=1e-5, initializer_range=0.02,
+            tie_word_embeddings=False, max_position_embeddings=131072, num_experts=1, num_experts_per_token=1,
+            moe_intermediate_size=16, pad_token_id=0, bos_token_id=None, eos_token_id=None)
     return transformers.Qwen3_5TextConfig(
         vocab_size=256, **p, hidden_act="silu", rms_norm_eps=1e-6, initializer_range=0.02,
         tie_word_embeddings=True, max_position_embeddings=131072, attention_bias=False, pad_token_id=None,
@@ -140,7 +161,8 @@ def build_config(arch, preset, transformers):
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
 
 
-MODEL_CLASSES = {"mamba2": "Mamba2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM", "nemotron_h": "NemotronHForCausalLM"}
+MODEL_CLASSES = {"mamba2": "Mamba2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM", "nemotron_h": "NemotronHForCausalLM",
+                 "kimi_linear": "KimiLinearForCausalLM"}
 
 
 def build_model(arch, config, transformers):
@@ -152,7 +174,8 @@ def layer_pattern(arch, config):
         return "M" * config.num_hidden_layers
     if arch == "nemotron_h":
         return "".join({"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-", "moe": "E"}[t] for t in config.layers_block_type)
-    return "".join("*" if t == "full_attention" else "G" for t in config.layer_types)
+    delta = "K" if arch == "kimi_linear" else "G"
+    return "".join("*" if t == "full_attention" else delta for t in config.layer_types)
 
 
 def config_summary(arch, c):
@@ -173,6 +196,14 @@ def config_summary(arch, c):
                  ("num_attention_heads", c.num_attention_heads), ("num_key_value_heads", c.num_key_value_heads),
                  ("head_dim", c.head_dim), ("intermediate_size (relu2 MLP)", c.intermediate_size),
                  ("layer_norm_epsilon", c.layer_norm_epsilon), ("tie_word_embeddings", c.tie_word_embeddings),
+                 ("pad_token_id", c.pad_token_id)]
+    elif arch == "kimi_linear":
+        rows += [("linear_num_heads (KDA heads)", c.linear_num_heads), ("linear_head_dim (dk = dv)", c.linear_head_dim),
+                 ("linear_conv_kernel_dim", c.linear_conv_kernel_dim),
+                 ("num_attention_heads (MLA)", c.num_attention_heads), ("kv_lora_rank", c.kv_lora_rank),
+                 ("qk_nope_head_dim / qk_rope_head_dim", f"{c.qk_nope_head_dim} / {c.qk_rope_head_dim}"),
+                 ("v_head_dim", c.v_head_dim), ("intermediate_size (SwiGLU, every layer dense)", c.intermediate_size),
+                 ("rms_norm_eps", c.rms_norm_eps), ("tie_word_embeddings", c.tie_word_embeddings),
                  ("pad_token_id", c.pad_token_id)]
     else:
         rp = c.rope_parameters or {}
@@ -281,21 +312,63 @@ GDN_DEFAULT_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule default
 GDN_SCANS = ("loop", "associative")  # --gdn-scan: transformers' chunk loop, or the associative scan below
 
 
+KDA_SUBCHUNK = 16  # positions per sub-chunk of _kda_chunk_products' exact pairwise diagonal blocks
+
+
+def _kda_chunk_products(k_beta, q, k, cum, torch):
+    """For KDA (per-channel log-decays cum [..., C, dk], cumulative from the chunk's start): the strictly lower
+    UT matrix sum_d k_beta[i,d] k[j,d] exp(cum[i,d] - cum[j,d]) and the causal intra-chunk scores, the same
+    with q[i] and j <= i; [..., C, C] each. Computed as fla does, never as exp of a large times exp of a small
+    number: the chunk is cut into sub-chunks of KDA_SUBCHUNK positions; a block of rows in sub-chunk I against
+    columns j before it is one matmul with the decay split at I's first position r,
+    (x[i] exp(cum[i] - cum[r])) . (k[j] exp(cum[r] - cum[j])), both exponents <= 0; the diagonal blocks take
+    the pairwise decays (sub-chunk^2 x dk per sub-chunk instead of chunk^2 x dk)."""
+    C, dk = cum.shape[-2:]
+    S = KDA_SUBCHUNK if C % KDA_SUBCHUNK == 0 else C
+    P = C // S
+    lead = cum.shape[:-2]
+    sub = lambda x: x.reshape(*lead, P, S, dk)  # noqa: E731
+    cs, ks = sub(cum), sub(k)
+    ref = cs[..., 0, :]  # [..., P, dk]: cum at each sub-chunk's first position
+    row_decay = (cs - ref.unsqueeze(-2)).exp()  # [..., P, S, dk], <= 1
+    pos = torch.arange(C, device=cum.device)
+    before = pos[None, :] < (torch.arange(P, device=cum.device) * S)[:, None]  # [P, C]: column j before sub-chunk I
+    col_exp = (ref.unsqueeze(-2) - cum.unsqueeze(-3)).masked_fill(~before[..., None], float("-inf"))
+    cols = k.unsqueeze(-3) * col_exp.exp()  # [..., P, C, dk]: k[j] exp(cum[r_I] - cum[j]), 0 from r_I on
+    upper = torch.ones(S, S, dtype=torch.bool, device=cum.device).triu(1)
+    pair = (cs.unsqueeze(-2) - cs.unsqueeze(-3)).masked_fill(upper[..., None], float("-inf")).exp()  # [..., P, S, S, dk]
+    k_pair = ks.unsqueeze(-3) * pair
+    eye = torch.eye(P, dtype=cum.dtype, device=cum.device)[:, None, :, None]  # places block I at rows I, columns I
+
+    def products(x):
+        xs = sub(x)
+        off = (xs * row_decay) @ cols.transpose(-1, -2)  # [..., P, S, C]
+        diag = (xs.unsqueeze(-2) * k_pair).sum(-1)  # [..., P, S, S]
+        return (off + (diag.unsqueeze(-2) * eye).reshape(*lead, P, S, C)).reshape(*lead, C, C).float()
+    return products(k_beta), products(q)
+
+
 def associative_chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=GDN_DEFAULT_CHUNK, initial_state=None,
                                        output_final_state=False, use_qk_l2norm_in_kernel=False, **_):
-    """transformers' torch_chunk_gated_delta_rule (same arguments, same chunked mathematics: the UT transform
-    inside each chunk by triangular solves) with its sequential loop over chunks replaced by an associative scan.
-    Chunk i maps the state S_i it starts from to S_{i+1} = M_i S_i + c_i, with M_i = gamma_i I - K~_i^T W_i
-    (the product of the chunk's per-token transitions gamma_t (I - beta_t k_t k_t^T)) and c_i = K~_i^T U_i;
-    a Hillis-Steele scan composes these affine maps in ceil(log2(chunks)) levels of batched matmuls, so a
-    16K-byte training context takes 8 levels instead of 256 dependent iterations (forward and backward).
-    Extra memory: chunks x dk x dk per head and level. Float32 throughout, like transformers'."""
+    """transformers' torch_chunk_gated_delta_rule (Gated DeltaNet: g [batch, length, heads], one decay per head
+    and token) or chunk_kimi_delta_attention (Kimi Delta Attention: g [batch, length, heads, dk], one decay per
+    key channel), same arguments and the same chunked mathematics (the UT transform inside each chunk by
+    triangular solves), with the sequential loop over chunks replaced by an associative scan.
+    Chunk i maps the state S_i it starts from to S_{i+1} = M_i S_i + c_i, with M_i = D_i - K~_i^T W_i
+    (the product of the chunk's per-token transitions diag(a_t) (I - beta_t k_t k_t^T); D_i = gamma_i I for
+    GDN, diag(gamma_i) over the key channels for KDA) and c_i = K~_i^T U_i; a Hillis-Steele scan composes these
+    affine maps in ceil(log2(chunks)) levels of batched matmuls, so a 16K-byte training context takes 8 levels
+    instead of 256 dependent iterations (forward and backward). Extra memory: chunks x dk x dk per head and
+    level, and for KDA the decays of _kda_chunk_products (sub-chunk x dk per position: exact, never a product
+    of a large and a small exponential).
+    Float32 throughout, like transformers'."""
     import torch
     import torch.nn.functional as F
 
     initial_dtype = query.dtype
     batch, length, _, dk = key.shape
     n_heads, dv = value.shape[-2:]
+    per_channel = g.dim() == 4  # KDA
     query, key, value, beta, g = [x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
                                   for x in (query, key, value, beta, g)]
     if use_qk_l2norm_in_kernel:  # transformers' l2norm (FLA's): x * rsqrt(sum x^2 + 1e-6)
@@ -304,25 +377,34 @@ def associative_chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=GD
     query = query * dk ** -0.5
     pad = (chunk_size - length % chunk_size) % chunk_size
     query, key, value = (F.pad(x, (0, 0, 0, pad)) for x in (query, key, value))
-    beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
+    beta = F.pad(beta, (0, pad))
+    g = F.pad(g, (0, 0, 0, pad)) if per_channel else F.pad(g, (0, pad))
     n = (length + pad) // chunk_size
 
     def chunks(x):
         return x.reshape(batch, n_heads, n, chunk_size, x.shape[-1])
     q, k = chunks(query), chunks(key)
     k_beta, v_beta = chunks(key * beta.unsqueeze(-1)), chunks(value * beta.unsqueeze(-1))
-    cum = g.reshape(batch, n_heads, n, chunk_size).cumsum(-1)  # log of the decay from the chunk's start
     upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
-    pair = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()
-    ut = (k_beta @ k.transpose(-1, -2)) * pair  # unit lower triangular after the solve's own diagonal
-    intra = (q @ k.transpose(-1, -2)) * pair
+    if per_channel:
+        cum = chunks(g).cumsum(-2)  # [b, h, n, C, dk]: log of each channel's decay from the chunk's start
+        ut, intra = _kda_chunk_products(k_beta, q, k, cum, torch)
+        start, last = cum.exp(), cum[..., -1:, :]  # decay from the chunk's start; the whole chunk's
+        k_dec = k * (last - cum).exp()
+        decay_all = torch.diag_embed(last.squeeze(-2).exp())  # D_i
+    else:
+        cum = g.reshape(batch, n_heads, n, chunk_size).cumsum(-1)  # log of the decay from the chunk's start
+        pair = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()
+        ut = (k_beta @ k.transpose(-1, -2)) * pair  # unit lower triangular after the solve's own diagonal
+        intra = (q @ k.transpose(-1, -2)) * pair
+        start = cum.exp().unsqueeze(-1)
+        k_dec = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)  # K~_i
+        decay_all = cum[..., -1].exp()[..., None, None] * torch.eye(dk, dtype=q.dtype, device=q.device)
     u = torch.linalg.solve_triangular(ut, v_beta, upper=False, unitriangular=True)  # U_i
-    w = torch.linalg.solve_triangular(ut, k_beta * cum.exp().unsqueeze(-1), upper=False, unitriangular=True)  # W_i
-    q_dec = q * cum.exp().unsqueeze(-1)
-    k_dec = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)  # K~_i
-    gamma = cum[..., -1].exp()[..., None, None]
+    w = torch.linalg.solve_triangular(ut, k_beta * start, upper=False, unitriangular=True)  # W_i
+    q_dec = q * start
     kt = k_dec.transpose(-1, -2)
-    m = gamma * torch.eye(dk, dtype=q.dtype, device=q.device) - kt @ w  # [b, h, n, dk, dk]
+    m = decay_all - kt @ w  # [b, h, n, dk, dk]
     c = kt @ u  # [b, h, n, dk, dv]
     step = 1
     while step < n:  # inclusive scan: (M, c)_i <- (M_i M_{i-step}, M_i c_{i-step} + c_i)
@@ -344,22 +426,31 @@ def associative_chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=GD
     return out, (after[:, :, -1] if output_final_state else None)
 
 
-class GatedDeltaChunk:
-    """Context manager: transformers' Qwen3.5 Gated DeltaNet layers run their chunked delta rule with `chunk`
-    positions per chunk instead of its default 64, and with scan "associative" the chunks' states come from
-    associative_chunk_gated_delta_rule instead of transformers' sequential loop over chunks (one iteration of
-    small matmuls per chunk, forward and backward: at 16K-byte training contexts 256 dependent iterations per
-    layer, launch-bound on a GPU). Same mathematics, float32 rounding apart (tests/python/test_train_tiny.py
-    compares losses and gradients). chunk None or 64 with scan "loop": no change."""
+# The delta-rule layers whose chunked rule GatedDeltaChunk replaces: arch -> (transformers module, function name).
+DELTA_RULES = {"qwen3_5": ("transformers.models.qwen3_5.modeling_qwen3_5", "torch_chunk_gated_delta_rule"),
+               "kimi_linear": ("transformers.models.kimi_linear.modeling_kimi_linear", "chunk_kimi_delta_attention")}
 
-    def __init__(self, chunk, scan="loop"):
-        from transformers.models.qwen3_5 import modeling_qwen3_5
+
+class GatedDeltaChunk:
+    """Context manager: transformers' delta-rule layers (Qwen3.5's Gated DeltaNet, Kimi Linear's KDA; arch picks
+    which) run their chunked rule with `chunk` positions per chunk instead of its default 64, and with scan
+    "associative" the chunks' states come from associative_chunk_gated_delta_rule instead of transformers'
+    sequential loop over chunks (one iteration of small matmuls per chunk, forward and backward: at 16K-byte
+    training contexts 256 dependent iterations per layer, launch-bound on a GPU). Same mathematics, float32
+    rounding apart (tests/python/test_train_tiny.py compares losses and gradients). chunk None or 64 with
+    scan "loop": no change."""
+
+    def __init__(self, chunk, scan="loop", arch="qwen3_5"):
+        import importlib
         if scan not in GDN_SCANS:
             raise ValueError(f"GDN scan must be one of {GDN_SCANS}, got {scan!r}")
-        self.module, self.chunk, self.scan, self.saved = modeling_qwen3_5, chunk, scan, None
+        if arch not in DELTA_RULES:
+            raise ValueError(f"no delta-rule layer in --arch {arch}: one of {sorted(DELTA_RULES)}")
+        module, self.name = DELTA_RULES[arch]
+        self.module, self.chunk, self.scan, self.saved = importlib.import_module(module), chunk, scan, None
 
     def __enter__(self):
-        self.saved = self.module.torch_chunk_gated_delta_rule
+        self.saved = getattr(self.module, self.name)
         if self.chunk not in (None, GDN_DEFAULT_CHUNK) or self.scan != "loop":
             rule = associative_chunk_gated_delta_rule if self.scan == "associative" else self.saved
             chunk = self.chunk or GDN_DEFAULT_CHUNK
@@ -368,11 +459,11 @@ class GatedDeltaChunk:
                 k["chunk_size"] = chunk
                 return rule(*a, **k)
 
-            self.module.torch_chunk_gated_delta_rule = chunked
+            setattr(self.module, self.name, chunked)
         return self
 
     def __exit__(self, *exc):
-        self.module.torch_chunk_gated_delta_rule = self.saved
+        setattr(self.module, self.name, self.saved)
         return False
 
 
@@ -391,6 +482,14 @@ def ssm_decay_modules(model):
     return [m for m in model.modules() if has_decay(m)]
 
 
+def kda_forget_gates(model):
+    """Kimi Delta Attention's forget gates, in layer order: A_log [1, 1, heads, 1] per head and dt_bias
+    [heads * dk] per key channel; channel c of head h decays by alpha = exp(-exp(A_log_h) * softplus(f_c +
+    dt_bias_{h dk + c})) per token, f the input's share (transformers' KimiLinearForgetGate)."""
+    return [m for m in model.modules() if getattr(m, "A_log", None) is not None and m.A_log.dim() == 4
+            and getattr(m, "dt_bias", None) is not None and m.dt_bias.numel() == m.A_log.numel() * m.head_dim]
+
+
 def long_memory_targets(n_layers, n_heads, lo, hi):
     """[[memory tokens of head h of SSM layer l]]: quantiles (h + (l + 1/2)/n_layers)/n_heads of the log-uniform
     law on [lo, hi], so every layer spans the whole range and the heads of all layers interleave."""
@@ -407,7 +506,7 @@ def init_long_memory(model, torch, lo=DEFAULT_INIT_MEMORY[0], hi=DEFAULT_INIT_ME
     Returns the targets."""
     mixers = ssm_decay_modules(model)
     if not mixers:
-        return []
+        return init_long_memory_kda(model, torch, lo, hi)
     n_heads = mixers[0].A_log.numel()
     targets = long_memory_targets(len(mixers), n_heads, lo, hi)
     with torch.no_grad():
@@ -421,6 +520,28 @@ def init_long_memory(model, torch, lo=DEFAULT_INIT_MEMORY[0], hi=DEFAULT_INIT_ME
     return targets
 
 
+def init_long_memory_kda(model, torch, lo, hi):
+    """--decay-init log-uniform on KDA: the decay is per key channel, so the channels (not the heads) take the
+    quantiles of long_memory_targets, channel c of head h the (c * heads + h)-th of its layer's, so that every
+    head spans the whole range. A_log = 0 (A = 1, the rate is softplus(dt_bias) alone: KDA has no dt scaling
+    an input, so the Mamba split of the rate between A and dt has no reason here) and dt_bias = softplus^-1 of
+    -log(1 - 1/m). Returns the targets per layer, in dt_bias order (head-major). [] when the model has none."""
+    gates = kda_forget_gates(model)
+    if not gates:
+        return []
+    n_heads, dk = gates[0].num_heads, gates[0].head_dim
+    targets = long_memory_targets(len(gates), n_heads * dk, lo, hi)
+    out = []
+    with torch.no_grad():
+        for gate, mem in zip(gates, targets):
+            order = [mem[c * n_heads + h] for h in range(n_heads) for c in range(dk)]
+            rate = -torch.log1p(-1.0 / torch.tensor(order, dtype=torch.float64))
+            gate.A_log.zero_()
+            gate.dt_bias.copy_((rate + torch.log(-torch.expm1(-rate))).to(gate.dt_bias.dtype))
+            out.append(order)
+    return out
+
+
 def head_memories(model, torch):
     """[[1/(1 - alpha) of each head with the input's share of dt at 0]] from the weights (a property of the
     parameters, not of text: `replayssm info --decays` measures the latter)."""
@@ -428,6 +549,10 @@ def head_memories(model, torch):
     with torch.no_grad():
         for mixer in ssm_decay_modules(model):
             rate = torch.exp(mixer.A_log.double()) * torch.nn.functional.softplus(mixer.dt_bias.double())
+            out.append((1.0 / -torch.expm1(-rate)).tolist())
+        for gate in kda_forget_gates(model):  # KDA: one per key channel, head-major (dt_bias order)
+            a = torch.exp(gate.A_log.double()).reshape(-1).repeat_interleave(gate.head_dim)
+            rate = a * torch.nn.functional.softplus(gate.dt_bias.double())
             out.append((1.0 / -torch.expm1(-rate)).tolist())
     return out
 
@@ -901,9 +1026,14 @@ def decay_section(c):
                   f"[{lo:g}, {hi:g}] tokens, every layer spanning the whole range (train.py init_long_memory)."]
     else:
         lines += ["Initialisation: transformers' own (`--decay-init transformers`)."]
+    kda = c["args"].get("arch") == "kimi_linear"
+    if kda and c["args"].get("decay_init") == "log-uniform":
+        lines[-1] = lines[-1].replace("each SSM head's A_log and dt_bias set so that its memory", "KDA decays per key "
+                                      "channel, so each channel's dt_bias set (A_log 0) so that its memory").replace(
+            "train.py init_long_memory", "train.py init_long_memory_kda")
     flat = sorted(m for layer in init for m in layer)
     if flat:
-        lines += [f"From the initial weights (input's share of dt at 0): {len(flat)} heads, memory "
+        lines += [f"From the initial weights (input's share of dt at 0): {len(flat)} {'channels' if kda else 'heads'}, memory "
                   f"{_tokens(flat[0])} to {_tokens(flat[-1])} tokens, median {_tokens(flat[len(flat) // 2])}.", ""]
     d = c.get("decays")
     if d is None:
@@ -917,6 +1047,12 @@ def decay_section(c):
               f"(where state errors accumulate over 128K): **{s['long_memory_heads']} of {n}**.", "",
               "| memory (tokens) | heads |", "|---|---|"]
     lines += [f"| {name} | {k} |" for name, k in zip(s["decades"], s["heads_per_decade"])]
+    longest = sorted(h["max_channel_memory_tokens"] for h in d.get("heads", []) if "max_channel_memory_tokens" in h)
+    if longest:  # KDA: a head's mean alpha mixes fast and slow channels; its slowest channel is what remembers
+        n_long = sum(m >= s["long_memory_tokens"] for m in longest)
+        lines += ["", f"Per key channel (KDA decays per channel): each head's longest-remembering channel holds median "
+                      f"{_tokens(longest[len(longest) // 2])} tokens, largest {_tokens(longest[-1])}; heads with a channel "
+                      f"of memory ≥ {s['long_memory_tokens']:,.0f} tokens: **{n_long} of {len(longest)}**."]
     books = ", ".join(f"{b['name']} {b['bits_per_byte']:.4f}" for b in d["books"])
     lines += ["", f"Bits per byte of the same run (replayssm's forward, {d['positions_per_book']:,} positions per "
                   f"book): {books}; mean {d['mean_bits_per_byte']:.4f}. Per-head α histograms and quantiles and γ "
@@ -1047,14 +1183,15 @@ def run(args, argv, script):
                      "Mamba-2 chunk scan in einsum form (replayssm_py/train.py) for training, transformers' reference "
                      "torch scan for evaluation" if scan is not None else "transformers' reference torch scan")
     else:
+        rule = "Kimi Delta Attention" if args.arch == "kimi_linear" else "Gated DeltaNet"
         scan_note = "flash-linear-attention kernels" if fast_paths()["fla"] else \
-            f"transformers' reference torch Gated DeltaNet (chunked, {args.gdn_chunk} positions per chunk in " \
+            f"transformers' reference torch {rule} (chunked, {args.gdn_chunk} positions per chunk in " \
             f"training, {GDN_DEFAULT_CHUNK} in evaluation)" + (
                 "; in training the chunks' states by an associative scan (replayssm_py/train.py) instead of its "
                 "loop over chunks" if args.gdn_scan == "associative" else "")
 
     log(f"SSM code: {scan_note}; optional kernels importable: {fast_paths()}")
-    gdn = (args.gdn_chunk, args.gdn_scan) if args.arch == "qwen3_5" else (None, "loop")
+    gdn = (args.gdn_chunk, args.gdn_scan, args.arch) if args.arch in DELTA_RULES else (None, "loop")
     with MambaScan(scan), GatedDeltaChunk(*gdn):
         result = train(model, corpus, args, device, torch, log, resume)
     log(f"trained {result['steps']} steps in {result['wall_s']:.1f} s ({result['ms_per_step']:.1f} ms/step), "

@@ -223,9 +223,10 @@ def safetensors_dtypes(path):
     return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
 
 
-ARCHS = ("mamba2", "qwen3_5", "nemotron_h")
-MODEL_CLASS = {"mamba2": "Mamba2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM", "nemotron_h": "NemotronHForCausalLM"}
-MODEL_TYPE = {"mamba2": "mamba2", "qwen3_5": "qwen3_5_text", "nemotron_h": "nemotron_h"}
+ARCHS = ("mamba2", "qwen3_5", "nemotron_h", "kimi_linear")
+MODEL_CLASS = {"mamba2": "Mamba2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM", "nemotron_h": "NemotronHForCausalLM",
+               "kimi_linear": "KimiLinearForCausalLM"}
+MODEL_TYPE = {"mamba2": "mamba2", "qwen3_5": "qwen3_5_text", "nemotron_h": "nemotron_h", "kimi_linear": "kimi_linear"}
 
 
 SCHEDULE = "32:0,64:0.3,128:0.6"  # over 10 steps: 32 bytes for steps 0-2, 64 for 3-5, 128 for 6-9
@@ -296,6 +297,9 @@ def test_checkpoint_reloads_with_transformers(trained, arch):
         assert config["linear_num_value_heads"] > config["linear_num_key_heads"]
     if arch == "nemotron_h":  # Mamba-2, attention and MLP layers
         assert set(config["layers_block_type"]) == {"linear_attention", "full_attention", "mlp"}
+    if arch == "kimi_linear":  # KDA and MLA layers, dense MLPs only, untied head
+        assert set(config["layer_types"]) == {"linear_attention", "full_attention"}
+        assert set(config["mlp_layer_types"]) == {"dense"} and config["tie_word_embeddings"] is False
 
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert type(model).__name__ == config["architectures"][0]
@@ -557,6 +561,100 @@ def test_associative_gdn_scan_inside_the_model():
 
 
 @needs_torch
+@pytest.mark.parametrize("length,chunk,with_state", [(301, 16, True), (64, 64, False), (200, 32, True), (37, 64, False),
+                                                     (300, 128, True), (90, 24, False)])
+def test_associative_kda_scan_matches_transformers(length, chunk, with_state):
+    """The same scan on Kimi Delta Attention (a decay per key channel, g [batch, length, heads, dk]) against
+    transformers' chunk_kimi_delta_attention on fresh random inputs: outputs, final states and the gradients of
+    every input to float32 rounding, for chunks cut into sub-chunks (16 to 128) and one that is not (24). The
+    decays span fast and slow channels (-log alpha from 1e-3 to 3), so that a chunk's cumulative decay (down to
+    e^-380) would overflow a product of exponentials: every product formed must stay finite."""
+    import torch
+    from transformers.models.kimi_linear import modeling_kimi_linear
+
+    gen = torch.Generator().manual_seed(2000 + length + chunk)
+    b, h, dk, dv = 2, 2, 32, 16
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+    rate = torch.exp(math.log(1e-3) + (math.log(3.0) - math.log(1e-3)) * torch.rand(b, length, h, dk, generator=gen,
+                                                                                      dtype=torch.float64))
+    leaves = [rand(b, length, h, dk), rand(b, length, h, dk), rand(b, length, h, dv), -rate,
+              torch.rand(b, length, h, generator=gen, dtype=torch.float64)]
+    if with_state:
+        leaves.append(rand(b, h, dk, dv))
+    results = []
+    for rule in (modeling_kimi_linear.chunk_kimi_delta_attention, tt.associative_chunk_gated_delta_rule):
+        xs = [x.clone().requires_grad_() for x in leaves]
+        out, state = rule(*xs[:5], chunk_size=chunk, initial_state=xs[5] if with_state else None,
+                          output_final_state=True, use_qk_l2norm_in_kernel=True)
+        (out.pow(2).sum() + state.sin().sum()).backward()
+        results.append([out.detach(), state.detach()] + [x.grad for x in xs])
+    for ref, got in zip(*results):
+        assert got.shape == ref.shape and torch.isfinite(got).all()
+        assert (got - ref).abs().max() <= 2e-5 * ref.abs().max(), (got - ref).abs().max() / ref.abs().max()
+
+
+@needs_torch
+def test_associative_kda_scan_inside_the_model():
+    """GatedDeltaChunk(N, "associative", "kimi_linear"): the Kimi-Linear-style model trains through the
+    associative scan, with the loss and gradients of transformers' own loop to float32 rounding; outside the
+    context transformers' function is back."""
+    import torch
+    import transformers
+    from transformers.models.kimi_linear import modeling_kimi_linear
+
+    torch.manual_seed(9)
+    config = tt.build_config("kimi_linear", "tiny", transformers)
+    model = tt.build_model("kimi_linear", config, transformers).train()
+    tt.init_long_memory(model, torch)
+    ids = torch.randint(0, 256, (2, 150), generator=torch.Generator().manual_seed(10))
+    original = modeling_kimi_linear.chunk_kimi_delta_attention
+    results = []
+    for chunk, scan in ((None, "loop"), (32, "associative")):
+        model.zero_grad()
+        with tt.GatedDeltaChunk(chunk, scan, "kimi_linear"):
+            assert (modeling_kimi_linear.chunk_kimi_delta_attention is original) == (scan == "loop")
+            logits = model(input_ids=ids, use_cache=False).logits
+        assert modeling_kimi_linear.chunk_kimi_delta_attention is original
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), ids.roll(-1, 1).reshape(-1))
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    floor = 1e-6 * max(a.abs().max().item() for a in results[0][1])
+    assert results[1][0] == pytest.approx(results[0][0], rel=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=max(1e-4 * a.abs().max().item(), floor))
+    with pytest.raises(ValueError, match="no delta-rule layer"):
+        tt.GatedDeltaChunk(64, "associative", "mamba2")
+
+
+@needs_torch
+def test_kda_log_uniform_init():
+    """--decay-init log-uniform on KDA sets every key channel's memory (A_log 0, dt_bias = softplus^-1 of the
+    rate), each head spanning the range; head_memories reads the same values back from the weights, against a
+    float64 recomputation of alpha = exp(-exp(A_log) softplus(dt_bias))."""
+    import torch
+    import transformers
+
+    config = tt.build_config("kimi_linear", "tiny", transformers)
+    model = tt.build_model("kimi_linear", config, transformers)
+    targets = tt.init_long_memory(model, torch, 10.0, 1e4)
+    gates = tt.kda_forget_gates(model)
+    assert len(gates) == len(targets) == tt.layer_pattern("kimi_linear", config).count("K") > 0
+    mems = tt.head_memories(model, torch)
+    for gate, want, got in zip(gates, targets, mems):
+        assert len(want) == len(got) == gate.num_heads * gate.head_dim
+        rate = torch.exp(gate.A_log.double()).reshape(-1).repeat_interleave(gate.head_dim) * \
+            torch.nn.functional.softplus(gate.dt_bias.double())
+        alpha = torch.exp(-rate)
+        assert torch.allclose(1 / (1 - alpha), torch.tensor(want, dtype=torch.float64), rtol=1e-4)
+        assert got == pytest.approx(want, rel=1e-4)
+        for h in range(gate.num_heads):  # every head spans (nearly) the whole log-uniform range
+            head = want[h * gate.head_dim:(h + 1) * gate.head_dim]
+            assert min(head) < 10 * 10.0 ** 0.5 and max(head) > 1e4 / 10 ** 0.5
+
+
+@needs_torch
 def test_trained_checkpoint_runs_in_replayssm(trained, tmp_path):
     """The C++ loader reads the trained checkpoints and matches transformers' log-probabilities."""
     import numpy as np
@@ -727,7 +825,7 @@ def test_minutes_budget_stretches_the_context_schedule(tmp_path):
     (["--init-memory", "1:100"], "--init-memory must be LO:HI tokens with 1 < LO <= HI"),
     (["--save-every-minutes", "nan"], "--save-every-minutes must be a finite number >= 0"),
     (["--gdn-chunk", "8"], "--gdn-chunk must be 16 to 4096 positions, got 8"),
-    (["--gdn-scan", "associative"], "--gdn-scan applies to --arch qwen3_5 only (Gated DeltaNet), not --arch nemotron_h"),
+    (["--gdn-scan", "associative"], "--gdn-scan applies to the delta-rule architectures (qwen3_5, kimi_linear: Gated DeltaNet, KDA) only, not --arch nemotron_h"),
     (["--gdn-scan", "parallel"], "invalid choice: 'parallel'"),
 ])
 def test_rejects_bad_schedule_and_resume_options(tmp_path, option, message):
@@ -753,9 +851,14 @@ def test_long_memory_initialisation_spans_the_documented_range(trained, arch):
     assert layers
     mem = []
     for layer in layers:
-        rate = torch.exp(w[layer + ".A_log"].double()) * torch.nn.functional.softplus(w[layer + ".dt_bias"].double())
+        a_log, dt_bias = w[layer + ".A_log"].double(), w[layer + ".dt_bias"].double()
+        if arch == "kimi_linear":  # KDA: A_log per head [1, 1, H, 1], dt_bias per key channel [H * dk]
+            a_log = a_log.reshape(-1).repeat_interleave(dt_bias.numel() // a_log.numel())
+        rate = torch.exp(a_log) * torch.nn.functional.softplus(dt_bias)
         mem.append((1 / -torch.expm1(-rate)).tolist())
     target = tt.long_memory_targets(len(layers), len(mem[0]), 10.0, 1e4)
+    if arch == "kimi_linear":  # the channels take the quantiles in an interleaved order (test_kda_log_uniform_init)
+        mem = [sorted(m) for m in mem]
     for got, want in zip(mem, target):
         for g, t in zip(got, want):
             assert abs(math.log(g / t)) < 0.1, (got, want)
