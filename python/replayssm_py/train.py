@@ -316,10 +316,10 @@ KDA_SUBCHUNK = 16  # positions per sub-chunk of _kda_chunk_products' exact pairw
 
 
 def _kda_chunk_products(k_beta, q, k, cum, torch):
-    """For KDA (per-channel log-decays cum [..., C, dk], cumulative from the chunk's start): the strictly lower
+    """For KDA (per-channel log-decays cum [..., C, dk], cumulative from the chunk's start): the lower
     UT matrix sum_d k_beta[i,d] k[j,d] exp(cum[i,d] - cum[j,d]) and the causal intra-chunk scores, the same
-    with q[i] and j <= i; [..., C, C] each. Computed as fla does, never as exp of a large times exp of a small
-    number: the chunk is cut into sub-chunks of KDA_SUBCHUNK positions; a block of rows in sub-chunk I against
+    with q[i] and j <= i; [..., C, C] each. Never computed as exp of a large times exp of a small number
+    (which overflows for fast channels): the chunk is cut into sub-chunks of KDA_SUBCHUNK positions; a block of rows in sub-chunk I against
     columns j before it is one matmul with the decay split at I's first position r,
     (x[i] exp(cum[i] - cum[r])) . (k[j] exp(cum[r] - cum[j])), both exponents <= 0; the diagonal blocks take
     the pairwise decays (sub-chunk^2 x dk per sub-chunk instead of chunk^2 x dk)."""
@@ -361,7 +361,7 @@ def associative_chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=GD
     instead of 256 dependent iterations (forward and backward). Extra memory: chunks x dk x dk per head and
     level, and for KDA the decays of _kda_chunk_products (sub-chunk x dk per position: exact, never a product
     of a large and a small exponential).
-    Float32 throughout, like transformers'."""
+    Float32 inputs, like transformers'; under autocast its matmuls run at the autocast precision, as theirs do."""
     import torch
     import torch.nn.functional as F
 
@@ -1019,18 +1019,16 @@ def decay_section(c):
     """The card's "Decay spectrum" lines (data/models/README.md)."""
     lines = ["## Decay spectrum (how long the heads remember)", ""]
     init = c.get("init_memories") or []
+    kda = c["args"].get("arch") == "kimi_linear"  # KDA decays per key channel: the channels take the quantiles
     if c["args"].get("decay_init") == "log-uniform":
         lo, hi = c["args"]["init_memory"]
-        lines += [f"Initialisation (`--decay-init log-uniform`): each SSM head's A_log and dt_bias set so that its "
+        who, how = (("KDA decays per key channel, so each channel's dt_bias set (A_log 0)", "init_long_memory_kda")
+                    if kda else ("each SSM head's A_log and dt_bias set", "init_long_memory"))
+        lines += [f"Initialisation (`--decay-init log-uniform`): {who} so that its "
                   f"memory 1/(1 - alpha) with the input's share of dt at 0 is a quantile of the log-uniform law on "
-                  f"[{lo:g}, {hi:g}] tokens, every layer spanning the whole range (train.py init_long_memory)."]
+                  f"[{lo:g}, {hi:g}] tokens, every layer spanning the whole range (train.py {how})."]
     else:
         lines += ["Initialisation: transformers' own (`--decay-init transformers`)."]
-    kda = c["args"].get("arch") == "kimi_linear"
-    if kda and c["args"].get("decay_init") == "log-uniform":
-        lines[-1] = lines[-1].replace("each SSM head's A_log and dt_bias set so that its memory", "KDA decays per key "
-                                      "channel, so each channel's dt_bias set (A_log 0) so that its memory").replace(
-            "train.py init_long_memory", "train.py init_long_memory_kda")
     flat = sorted(m for layer in init for m in layer)
     if flat:
         lines += [f"From the initial weights (input's share of dt at 0): {len(flat)} {'channels' if kda else 'heads'}, memory "

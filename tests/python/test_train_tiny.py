@@ -487,6 +487,24 @@ def test_gdn_chunk_inside_the_model():
             assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * a.abs().max().item())
 
 
+def assert_rule_matches(reference, leaves, chunk, with_state):
+    """tt.associative_chunk_gated_delta_rule against transformers' `reference` delta rule on the same leaves
+    (q, k, v, g, beta[, initial state]): outputs, final states and every input's gradient, all finite, within
+    2e-5 of the reference's largest magnitude."""
+    import torch
+
+    results = []
+    for rule in (reference, tt.associative_chunk_gated_delta_rule):
+        xs = [x.clone().requires_grad_() for x in leaves]
+        out, state = rule(*xs[:5], chunk_size=chunk, initial_state=xs[5] if with_state else None,
+                          output_final_state=True, use_qk_l2norm_in_kernel=True)
+        (out.pow(2).sum() + state.sin().sum()).backward()
+        results.append([out.detach(), state.detach()] + [x.grad for x in xs])
+    for ref, got in zip(*results):
+        assert got.shape == ref.shape and torch.isfinite(got).all()
+        assert (got - ref).abs().max() <= 2e-5 * ref.abs().max(), (got - ref).abs().max() / ref.abs().max()
+
+
 @needs_torch
 @pytest.mark.parametrize("length,chunk,with_state", [(301, 16, True), (64, 64, False), (1000, 64, True), (37, 64, False)])
 def test_associative_gdn_scan_matches_transformers(length, chunk, with_state):
@@ -506,16 +524,7 @@ def test_associative_gdn_scan_matches_transformers(length, chunk, with_state):
               torch.rand(b, length, h, generator=gen, dtype=torch.float64)]
     if with_state:
         leaves.append(rand(b, h, dk, dv))
-    results = []
-    for rule in (modeling_qwen3_5.torch_chunk_gated_delta_rule, tt.associative_chunk_gated_delta_rule):
-        xs = [x.clone().requires_grad_() for x in leaves]
-        out, state = rule(*xs[:5], chunk_size=chunk, initial_state=xs[5] if with_state else None,
-                          output_final_state=True, use_qk_l2norm_in_kernel=True)
-        (out.pow(2).sum() + state.sin().sum()).backward()
-        results.append([out.detach(), state.detach()] + [x.grad for x in xs])
-    for ref, got in zip(*results):
-        assert got.shape == ref.shape
-        assert (got - ref).abs().max() <= 2e-5 * ref.abs().max(), (got - ref).abs().max() / ref.abs().max()
+    assert_rule_matches(modeling_qwen3_5.torch_chunk_gated_delta_rule, leaves, chunk, with_state)
 
 
 @needs_torch
@@ -583,16 +592,7 @@ def test_associative_kda_scan_matches_transformers(length, chunk, with_state):
               torch.rand(b, length, h, generator=gen, dtype=torch.float64)]
     if with_state:
         leaves.append(rand(b, h, dk, dv))
-    results = []
-    for rule in (modeling_kimi_linear.chunk_kimi_delta_attention, tt.associative_chunk_gated_delta_rule):
-        xs = [x.clone().requires_grad_() for x in leaves]
-        out, state = rule(*xs[:5], chunk_size=chunk, initial_state=xs[5] if with_state else None,
-                          output_final_state=True, use_qk_l2norm_in_kernel=True)
-        (out.pow(2).sum() + state.sin().sum()).backward()
-        results.append([out.detach(), state.detach()] + [x.grad for x in xs])
-    for ref, got in zip(*results):
-        assert got.shape == ref.shape and torch.isfinite(got).all()
-        assert (got - ref).abs().max() <= 2e-5 * ref.abs().max(), (got - ref).abs().max() / ref.abs().max()
+    assert_rule_matches(modeling_kimi_linear.chunk_kimi_delta_attention, leaves, chunk, with_state)
 
 
 @needs_torch
