@@ -103,6 +103,10 @@ def main():
     a = ap.parse_args()
     if not (a.window >= 1 and a.bytes > a.skip >= 2 * a.window):
         ap.error("need --bytes > --skip >= 2 --window >= 2 (every rule must have the same local context from --skip)")
+    if not (pathlib.Path(a.model) / "config.json").is_file():
+        ap.error(f"{a.model}: no config.json there (expected a Hugging Face checkpoint folder, e.g. data/models/long_qwen3_5)")
+    if not pathlib.Path(a.text_dir).is_dir():
+        ap.error(f"--text-dir {a.text_dir}: not a folder (expected the PG-19 test books)")
     import torch
     import transformers
 
