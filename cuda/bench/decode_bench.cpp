@@ -160,7 +160,7 @@ struct Workspace {
     fill_uniform_bf16(v->ptr, v->n, -1.0f, 1.0f, 6);
     fill_uniform(alpha->ptr, alpha->n, 0.9f, 0.999f, 7);
     fill_uniform(beta->ptr, beta->n, 0.1f, 0.9f, 8);
-    capacity = std::max(max_window, max_drafts) + max_drafts;
+    capacity = std::max({max_window, 16, max_drafts}) + max_drafts;  // verification runs at L = 16
     rec_k = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * capacity * s.key_heads * s.dk);
     rec_v = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * capacity * s.value_heads * s.dv);
     rec_u = std::make_unique<Buffer<float>>(rec_v->n);
@@ -191,9 +191,12 @@ struct Workspace {
     d.tensor_scales = f == StorageFormat::nvfp4 ? lowp_tensor->ptr + s.heads() * copy : nullptr;
     return d;
   }
-  DeviceRecords records() const {
+  // drafts: the T of the verification the ring serves (0 for standard decode, whose flush then
+  // stages L records, not max(L, T) + 1).
+  DeviceRecords records(int drafts = 0) const {
     DeviceRecords r;
     r.capacity = capacity;
+    r.max_drafts = drafts;
     r.k = rec_k->ptr, r.v = rec_v->ptr, r.u = rec_u->ptr, r.alpha = rec_a->ptr, r.beta = rec_b->ptr;
     r.window[0] = win0->ptr, r.window[1] = win1->ptr;
     return r;
@@ -335,7 +338,7 @@ int run_decode_bench(const BenchOptions& o) {
         auto verify_at = [&](int h0) {
           return time_us(o.repeats, [&] {
             cfg.recur = ws.fp32_state(next_copy());
-            DeviceRecords rec = ws.records();
+            DeviceRecords rec = ws.records(T);
             verify_step(kind, s, T, ws.inputs(), cfg, rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return h0; }); });
         };

@@ -206,8 +206,10 @@ __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shap
 // A replay block serves NH value heads of one key head (NH * dv <= 256, NH divides the heads per
 // key head): the key products are computed once for them, the NH states stream as one contiguous
 // (NH*dv) x dk matrix (heads are adjacent in memory), and the record phase has one thread per
-// (head, row). Blocks of a sequence that reaches h == L flush instead (replay the window from the
-// recur (HP) checkpoint on chip, write the recur copy and the read (LP) copy).
+// (head, row). Blocks of a sequence whose window reaches L records flush instead (replay the window
+// from the recur (HP) checkpoint on chip, write the recur copy and the read (LP) copy). As in the CPU
+// decoder the flush condition is h + 1 >= L: after a verification commit h can be L or more (up to
+// max(L, T)), and that step folds all h + 1 records.
 struct ReplayArgs {
   DecodeShape shape;
   StepInputs in;
@@ -218,6 +220,7 @@ struct ReplayArgs {
   uint64_t seed;
   DeviceRecords rec;
   int heads_per_block;  // NH
+  int stage;            // positions a flush may stage: L, or max(L, T) + 1 when the ring serves verification
 };
 
 struct BlockGeometry {
@@ -254,15 +257,18 @@ __device__ __forceinline__ std::size_t ring_slot(const DeviceRecords& rec, int b
 }
 
 // Dynamic shared memory of a replay block. Non-flush blocks stage the NH heads' record vectors;
-// flush blocks also stage the window's keys (fp32), shared by the NH heads.
+// flush blocks also stage the window's keys (fp32), shared by the NH heads. Per-position arrays
+// have `stride` slots per head: L for non-flush blocks (they stage at most L - 1 records), the
+// launch's `stage` for flush blocks.
 struct ReplayShared {
-  float* keys;     // [L][DK] (flush only)
-  float* vals;     // [NH][L][dv] record vectors (flush: pre-multiplied by w unless u is recomputed)
-  float* a;        // [NH][L] decays
-  float* w;        // [NH][L] decay weights prod_{l>p} a_l
-  float* beta;     // [NH][L] (GDN flush)
-  float* c1;       // [L]  key products k_p . q_t
-  float* c2;       // [L]  k_p . k_t (GDN)
+  int stride;
+  float* keys;     // [stride][DK] (flush only)
+  float* vals;     // [NH][stride][dv] record vectors (flush: pre-multiplied by w unless u is recomputed)
+  float* a;        // [NH][stride] decays
+  float* w;        // [NH][stride] decay weights prod_{l>p} a_l
+  float* beta;     // [NH][stride] (GDN flush)
+  float* c1;       // [stride]  key products k_p . q_t
+  float* c2;       // [stride]  k_p . k_t (GDN)
   float* rows1;    // [NH*dv] S q
   float* rows2;    // [NH*dv] S k (GDN)
   float* gamma;    // [NH]
@@ -276,6 +282,7 @@ __host__ __device__ inline std::size_t replay_shared_floats(int L, int DK, int d
 
 __device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK, int dv, int NH, bool flush) {
   ReplayShared s;
+  s.stride = L;
   s.keys = base;
   s.vals = s.keys + (flush ? static_cast<std::size_t>(L) * DK : 0);
   s.a = s.vals + static_cast<std::size_t>(NH) * L * dv;
@@ -482,7 +489,7 @@ __device__ __forceinline__ float block_max(float x, float* scratch) {
 // p == h0 the current token.
 __device__ __forceinline__ void stage_decay_weights(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
                                                     const ReplayShared& sh, int h0, int staged, bool gdn) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, L = A.window;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, L = sh.stride;
   for (int n = warp; n < bg.NH; n += kWarps) {
     const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
     float a[2] = {1.0f, 1.0f};
@@ -502,17 +509,15 @@ __device__ __forceinline__ void stage_decay_weights(const ReplayArgs& A, const B
   }
 }
 
-// Record vectors of the block's NH heads at window positions [0, staged) into vals [NH][L][dv]:
-// Mamba-2 v (bf16; position h0 is the current token's v), GDN the cached fp32 u, or with
-// `raw_v` the GDN v (split flush recomputes u). Eight independent loads per thread in flight.
-// Record vectors of the block's NH heads at window positions [0, staged) into vals [NH][L][dv]:
-// Mamba-2 v (bf16; position h0 is the current token's v), GDN the cached fp32 u, or with `raw_v`
-// the GDN v (split flush recomputes u). With `weights` (sh.w, [NH][L]) each vector is stored
-// multiplied by its decay weight w_p.
+// Record vectors of the block's NH heads at window positions [0, staged) into vals [NH][L][dv]
+// (L = `stride`): Mamba-2 v (bf16; position h0 is the current token's v), GDN the cached fp32 u,
+// or with `raw_v` the GDN v (split flush recomputes u). With `weights` (sh.w, [NH][L]) each vector
+// is stored multiplied by its decay weight w_p. Eight independent loads per thread in flight.
 template <ssm::Recurrence K>
 __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
-                                                     float* vals, int h0, int staged, bool raw_v, const float* weights) {
-  const int dv = bg.dv, L = A.window;
+                                                     float* vals, int stride, int h0, int staged, bool raw_v,
+                                                     const float* weights) {
+  const int dv = bg.dv, L = stride;
   const SmallDiv per_head(staged);
   if (dv % 2 == 0) {  // element pairs: one 4-byte (bf16) or 8-byte (fp32) load per pair
     copy_vectors(
@@ -548,7 +553,7 @@ __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const 
       });
 }
 
-// ---- flush: S = REPLAY(S_ckpt^recur, B[1:L]) on chip, o = S q, write the recur copy (RTN or SR) and the read (LP) copy.
+// ---- flush: S = REPLAY(S_ckpt^recur, B[1:h+1]) on chip (h + 1 = L, or more after a verification commit), o = S q, write the recur copy (RTN or SR) and the read (LP) copy.
 // Each warp owns kFlushRows consecutive row slots (x in registers) and the window is folded as a
 // small GEMM, S <- gamma S + V' K with V'[r][p] = w_p v_p[r] staged in shared memory: per record a
 // lane reads its key columns once (16 bytes) and the row coefficients as broadcasts.
@@ -587,7 +592,7 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
                                   float (*x)[FlushRows<DK>::P][4]) {
   using FR = FlushRows<DK>;
   constexpr int P = FR::P, LPR = FR::LPR, G = FR::G, E = 4;
-  const int L = A.window, h0 = L - 1, dv = bg.dv;
+  const int L = sh.stride, h0 = win.h, dv = bg.dv;  // h0: window position of the current token
   const int head = bg.head0 + n, vh = bg.vh0 + n;
   const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + head;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -746,10 +751,10 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
 template <ssm::Recurrence K, StorageFormat RecurF, int DK>
 __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win, const ReplayShared& sh) {
   using FR = FlushRows<DK>;
-  const int L = A.window, h0 = L - 1, dv = bg.dv;
+  const int h0 = win.h, dv = bg.dv;  // the current token is window position h0 (h0 + 1 >= L)
   const int lane = threadIdx.x % 32;
   const bool recompute_u = K == ssm::Recurrence::gdn && A.split;
-  const int staged = K == ssm::Recurrence::mamba2 ? L : h0;  // Mamba-2 folds the current token too
+  const int staged = K == ssm::Recurrence::mamba2 ? h0 + 1 : h0;  // Mamba-2 folds the current token too
   const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
   float kv[FR::P][4], qv[FR::P][4];
   load_lane_vector<4, FR::P, FR::LPR>(k_t, lane, kv);
@@ -768,7 +773,7 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
       [&](int i, float2 x) { reinterpret_cast<float2*>(sh.keys)[i] = x; });
   stage_decay_weights(A, bg, win, sh, h0, staged, K == ssm::Recurrence::gdn);
   __syncthreads();  // weights ready: the record vectors are staged as V'[p][r] = w_p v_p[r]
-  stage_record_vectors<K>(A, bg, win, sh.vals, h0, staged, recompute_u, recompute_u ? nullptr : sh.w);
+  stage_record_vectors<K>(A, bg, win, sh.vals, sh.stride, h0, staged, recompute_u, recompute_u ? nullptr : sh.w);
   __syncthreads();
   for (int n = 0; n < bg.NH; ++n) {
     if (n > 0) load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n, dv, DK), dv, 0, x);
@@ -829,7 +834,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, dv, rows_total, iterations, 0, raw, tscale);
 
   // Record phase: record vectors, decay weights, key products (c1_p = k_p . q_t; GDN c2_p = k_p . k_t).
-  stage_record_vectors<K>(A, bg, win, sh.vals, h0, staged, false, nullptr);
+  stage_record_vectors<K>(A, bg, win, sh.vals, sh.stride, h0, staged, false, nullptr);
   stage_decay_weights(A, bg, win, sh, h0, staged, false);
   {
     using KT = Tile<StorageFormat::fp32, DK>;
@@ -960,7 +965,7 @@ __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) rep
 #endif
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const WindowState win = A.rec.window[A.rec.parity][bg.b];
-  if (win.h + 1 == A.window) return;
+  if (win.h + 1 >= A.window) return;  // the flush kernel's sequence
   const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false);
   append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
   replay_nonflush_block<K, R, DK>(A, bg, win, sh);
@@ -971,12 +976,14 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
   extern __shared__ float smem[];
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const WindowState win = A.rec.window[A.rec.parity][bg.b];
-  const bool flush = win.h + 1 == A.window;
+  const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
+  // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory.
+  if (flush && win.h + 1 > A.stage) __trap();
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     WindowState next = win;
-    if (flush) {
+    if (flush) {  // the h + 1 records are folded: position h + 1 becomes position 0
       next.h = 0;
-      next.start = (win.start + A.window) % A.rec.capacity;
+      next.start = (win.start + win.h + 1) % A.rec.capacity;
       next.flushes = win.flushes + 1;
     } else {
       next.h = win.h + 1;
@@ -984,7 +991,7 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
     A.rec.window[1 - A.rec.parity][bg.b] = next;
   }
   if (!flush) return;
-  const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, true);
+  const ReplayShared sh = carve_shared(smem, A.stage, DK, bg.dv, bg.NH, true);
   append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
   replay_flush_block<K, RecurF, DK>(A, bg, win, sh);
 }
@@ -997,12 +1004,15 @@ struct VerifyArgs {
   DeviceState ckpt;
   DeviceRecords rec;
   int heads_per_block;
+  int max_committed;  // max(L, records.max_drafts): the most committed records a verify step can see
 };
 
 __host__ __device__ inline std::size_t align4(std::size_t floats) { return (floats + 3) / 4 * 4; }
 
-__host__ __device__ inline std::size_t verify_shared_floats(int L, int T, int DK, int dv, int NH) {
-  const int n = L + T;  // positions a verify step can see: h <= L committed (+ T drafts)
+// HM = max(L, T_max): a commit can leave h = L committed records (no flush: h + a <= L), or h = a <= T_max
+// after a flush.
+__host__ __device__ inline std::size_t verify_shared_floats(int HM, int T, int DK, int dv, int NH) {
+  const int L = HM, n = HM + T;  // positions a verify step can see: h <= HM committed (+ T drafts)
   return align4(static_cast<std::size_t>(NH) * n * dv)  // record vectors (v or u) per head
          + static_cast<std::size_t>(L) * DK          // committed keys (flush fold)
          + 2 * static_cast<std::size_t>(n) * T       // key products kq, kk
@@ -1033,19 +1043,20 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
   const int NH = bg.NH, dv = bg.dv;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const WindowState win = A.rec.window[A.rec.parity][bg.b];
-  const int h = win.h, n = h + TD, NP = A.window + TD;
+  const int h = win.h, n = h + TD, HM = A.max_committed, NP = HM + TD;
+  if (h > HM) __trap();  // the launcher sizes HM for every h a commit can leave
   const bool flush = h + TD > A.window;
   float* s_vals = smem;                                   // [NH][n][dv]
   float* s_keys = s_vals + align4(static_cast<std::size_t>(NH) * NP * dv);  // [h][DK], 16-byte aligned
-  float* s_kq = s_keys + static_cast<std::size_t>(A.window) * DK;    // [n][TD]
+  float* s_kq = s_keys + static_cast<std::size_t>(HM) * DK;          // [n][TD]
   float* s_kk = s_kq + NP * TD;
   float* s_w = s_kk + NP * TD;                            // [NH][n][TD]
   float* s_a = s_w + NH * NP * TD;                        // [NH][n]
   float* s_d = s_a + NH * NP;                             // [NH][TD]
   float* s_beta = s_d + NH * TD;                          // [NH][TD]
   float* s_rows = s_beta + NH * TD;                       // [2][TD][NH*dv] (row-minor: conflict-free reads)
-  float* s_fw = s_rows + 2 * NH * dv * TD;                // [NH][L] flush weights prod_{l=p+1}^{h-1} a_l
-  float* s_fg = s_fw + NH * A.window;                     // [NH] flush gamma prod_{l<h} a_l
+  float* s_fw = s_rows + 2 * NH * dv * TD;                // [NH][HM] flush weights prod_{l=p+1}^{h-1} a_l
+  float* s_fg = s_fw + NH * HM;                           // [NH] flush gamma prod_{l<h} a_l
   const std::size_t hb0 = static_cast<std::size_t>(bg.b) * bg.H + bg.head0;
   auto draft_k = [&](int s) { return A.in.k + ((static_cast<std::size_t>(bg.b) * TD + s) * bg.G + bg.g) * DK; };
   auto draft_q = [&](int s) { return A.in.q + ((static_cast<std::size_t>(bg.b) * TD + s) * bg.G + bg.g) * DK; };
@@ -1135,8 +1146,8 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
     for (int nn = warp; nn < NH; nn += kWarps) {
       const SuffixProducts fw = warp_suffix_products(lane < h ? s_a[nn * NP + lane] : 1.0f,
                                                      lane + 32 < h ? s_a[nn * NP + lane + 32] : 1.0f);
-      if (lane < h) s_fw[nn * A.window + lane] = fw.lo;
-      if (lane + 32 < h) s_fw[nn * A.window + lane + 32] = fw.hi;
+      if (lane < h) s_fw[nn * HM + lane] = fw.lo;
+      if (lane + 32 < h) s_fw[nn * HM + lane + 32] = fw.hi;
       if (lane == 0) s_fg[nn] = fw.gamma;
     }
   // One streaming read of the NH checkpoints: S q_s (and S k_s) for every draft.
@@ -1194,7 +1205,7 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
 #pragma unroll
         for (int e = 0; e < E; ++e) x[p][e] *= gamma_h;
       for (int j = 0; j < h; ++j) {
-        const float c = valid ? s_fw[nn * A.window + j] * s_vals[(static_cast<std::size_t>(nn) * NP + j) * dv + r] : 0.0f;
+        const float c = valid ? s_fw[nn * HM + j] * s_vals[(static_cast<std::size_t>(nn) * NP + j) * dv + r] : 0.0f;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
           const float4 k4 = *reinterpret_cast<const float4*>(s_keys + j * DK + T::col(lane, p));
@@ -1422,7 +1433,17 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   check_shape(shape);
   if (config.window < 1 || config.window > kMaxWindow)
     throw_invalid_argument("replay decode supports 1 <= L <= 64", "L", config.window);
-  if (records.capacity < config.window) throw std::invalid_argument("record ring smaller than the window");
+  // A ring that serves verification (max_drafts = T > 0) can hold up to max(L, T) committed records
+  // when a standard step comes: that flush folds max(L, T) + 1 of them.
+  const int stage = records.max_drafts > 0 ? std::max(config.window, records.max_drafts) + 1 : config.window;
+  if (records.max_drafts < 0) throw_invalid_argument("record ring: max_drafts must be >= 0", "max_drafts", records.max_drafts);
+  if (stage > kMaxWindow)
+    throw_invalid_argument("replay decode after verification supports max(L, T) + 1 <= 64", "L", config.window, "T",
+                           records.max_drafts);
+  const int min_capacity = records.max_drafts > 0 ? std::max(config.window, records.max_drafts) + records.max_drafts : config.window;
+  if (records.capacity < min_capacity)
+    throw_invalid_argument("record ring needs capacity L, or max(L, T) + T with max_drafts = T", "capacity", records.capacity,
+                           "needed", min_capacity);
   const StorageFormat read = config.split() ? config.read.format : config.recur.format;
   if (read == StorageFormat::fp8b128 && shape.dk % 128) throw std::invalid_argument("fp8b128 read needs dk % 128 == 0");
   // The NVFP4 LP copy needs the tensor amax before encoding; the flush re-reads the rows from the
@@ -1431,12 +1452,12 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
     throw std::invalid_argument("an NVFP4 read checkpoint needs an fp32 recurrence checkpoint in the kernels");
   const int NH = heads_per_block(shape, config.heads_per_block);
   ReplayArgs A{shape, in, config.window, config.recur, config.read, config.split(),
-               formats::element_rounding_mode(config.recur_rounding), config.seed, records, NH};
+               formats::element_rounding_mode(config.recur_rounding), config.seed, records, NH, stage};
   const dim3 grid(shape.value_heads / NH, shape.batch);
   with_kind(kind, [&](auto K) {
     with_dk(shape.dk, [&](auto DK) {
       auto launch = [&](auto kernel, bool flush) {
-        const std::size_t smem = sizeof(float) * replay_shared_floats(config.window, shape.dk, shape.dv, NH, flush);
+        const std::size_t smem = sizeof(float) * replay_shared_floats(flush ? stage : config.window, shape.dk, shape.dv, NH, flush);
         REPLAYSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         // The flush kernel is a programmatic dependent launch of the non-flush kernel: the two work
         // on disjoint sequences, so it may start before the non-flush grid has drained. (What follows
@@ -1477,12 +1498,22 @@ void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, con
   check_shape(shape);
   if (config.split() || config.recur.format != StorageFormat::fp32)
     throw std::invalid_argument("verification kernels read an fp32 shared checkpoint");
-  if (records.capacity < std::max(config.window, drafts) + drafts)
-    throw std::invalid_argument("record ring needs capacity max(L, T) + T");
+  if (config.window < 1 || config.window > kMaxWindow)
+    throw_invalid_argument("verification supports 1 <= L <= 64", "L", config.window);
+  if (drafts > records.max_drafts)
+    throw_invalid_argument("verification: more drafts than the record ring was sized for (DeviceRecords::max_drafts)", "T",
+                           drafts, "max_drafts", records.max_drafts);
+  const int max_committed = std::max(config.window, records.max_drafts);
+  if (max_committed + 1 > kMaxWindow)
+    throw_invalid_argument("verification supports max(L, T) + 1 <= 64 (the next standard step may fold that many records)",
+                           "L", config.window, "max_drafts", records.max_drafts);
+  if (records.capacity < max_committed + records.max_drafts)
+    throw_invalid_argument("record ring needs capacity max(L, T) + T", "capacity", records.capacity, "needed",
+                           max_committed + records.max_drafts);
   const int NH = heads_per_block(shape, config.heads_per_block);
-  VerifyArgs A{shape, in, config.window, drafts, config.recur, records, NH};
+  VerifyArgs A{shape, in, config.window, drafts, config.recur, records, NH, max_committed};
   const dim3 grid(shape.value_heads / NH, shape.batch);
-  const std::size_t smem = sizeof(float) * verify_shared_floats(config.window, drafts, shape.dk, shape.dv, NH);
+  const std::size_t smem = sizeof(float) * verify_shared_floats(max_committed, drafts, shape.dk, shape.dv, NH);
   with_kind(kind, [&](auto K) {
     with_dk(shape.dk, [&](auto DK) {
       with_drafts(drafts, [&](auto TD) {

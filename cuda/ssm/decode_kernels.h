@@ -76,6 +76,11 @@ struct DeviceRecords {
   float* beta = nullptr;   // GDN
   WindowState* window[2] = {nullptr, nullptr};
   int parity = 0;          // window[parity] is current
+  // Largest T that verify_step is called with (0: standard decode only). A commit can leave up to
+  // max(L, T) committed records, which the next standard step flushes (h + 1 >= L, as the CPU
+  // decoder does), so this sizes the flush's staging and the verification's: capacity must be
+  // max(L, T) + T, and max(L, T) + 1 <= 64.
+  int max_drafts = 0;
 };
 
 struct ReplayConfig {
@@ -95,8 +100,9 @@ void conventional_step(ssm::Recurrence kind, const DecodeShape& shape, const Ste
 void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream);
 
-// Speculative verification of T drafts (T <= 8): outputs for the T positions, draft records
-// written after the committed ones, flush when h + T > L. FP32 checkpoint (shared) only.
+// Speculative verification of T drafts (T in {1, 2, 4, 8}, T <= records.max_drafts): outputs for
+// the T positions, draft records written after the committed ones, flush when h + T > L. FP32
+// checkpoint (shared) only.
 void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream);
 // h[b] += accepted[b] for every sequence (1 <= accepted <= T): pointer rollback, nothing copied.

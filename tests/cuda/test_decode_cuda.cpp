@@ -382,6 +382,7 @@ TEST_CASE("verification kernels equal CPU verify/commit with random accepted len
       config.recur = ck.view;
       config.heads_per_block = c.heads_per_block;
       RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
+      rec.view.max_drafts = T;
       DeviceArray<int> accepted(s.batch);
       InputGen gen(test::kBaseSeed + 12000 + n, c.slow_decay);
       Collected meter;
@@ -451,5 +452,148 @@ TEST_CASE("verification kernels equal CPU verify/commit with random accepted len
       CHECK_CLOSE(close_state);
       ++n;
     }
+  }
+}
+
+// A standard step after a verification commit: the commit can leave h = L committed records (h + a
+// = L without a flush) or, with T > L, h = a > L after a flush; the next standard step must flush
+// all h + 1 records (the CPU decoder's n >= L), and the staging must hold them. Rounds of verify +
+// commit (random accepted lengths per sequence) alternate with runs of standard steps, batch-wide,
+// against the CPU ReplayDecoder: every output, and every checkpoint at the end.
+TEST_CASE("standard steps after verification commits (h >= L) equal the CPU decoder, outputs and checkpoints") {
+  boost::random::mt19937_64 rng(test::kBaseSeed + 41000);
+  int n = 0;
+  for (const Case& c : cases()) {
+    int case_long_flushes = 0;
+    for (const auto& [L, T] : {std::pair{4, 8}, std::pair{16, 8}, std::pair{8, 2}, std::pair{5, 4}}) {
+      const DecodeShape& s = c.shape;
+      const auto policy = ssm::PrecisionPolicy::parse("shared:fp32@" + std::to_string(L));
+      ssm::ReplayDecoderOptions opts;
+      opts.max_draft = T;
+      std::vector<std::unique_ptr<ssm::ReplayDecoder>> cpu;
+      for (int b = 0; b < s.batch; ++b)
+        for (int g = 0; g < s.key_heads; ++g)
+          cpu.push_back(std::make_unique<ssm::ReplayDecoder>(ssm::HeadGroupShape{c.kind, s.dk, s.dv, s.heads_per_group()},
+                                                             policy, ssm::HeadGroupId{static_cast<uint32_t>(b), static_cast<uint32_t>(g)}, opts));
+      StateBuffers ck(StorageFormat::fp32, s);
+      cuda::ReplayConfig config;
+      config.window = L;
+      config.recur = ck.view;
+      config.heads_per_block = c.heads_per_block;
+      RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
+      rec.view.max_drafts = T;
+      DeviceArray<int> accepted(s.batch);
+      InputGen gen(test::kBaseSeed + 42000 + n, c.slow_decay);
+      Collected meter;
+      int long_flushes = 0;  // standard steps that found h >= L committed records
+      for (int round = 0; round < 20; ++round) {
+        // Verify + commit.
+        {
+          const HostStep h = gen.make(c.kind, s, T);
+          DeviceStep d(h, s.heads() * s.dv * T);
+          cuda::verify_step(c.kind, s, T, d.inputs(), config, rec.view, nullptr);
+          std::vector<int> acc(s.batch);
+          // Half the time aimed at the defect: without a flush (h + T <= L) accept L - h when that is
+          // 1..T, which leaves h = L; after a flush accept T, which leaves h = T (> L when T > L).
+          // Otherwise a uniform 1..T.
+          for (int b = 0; b < s.batch; ++b) {
+            const int h0 = cpu[b * s.key_heads]->committed();
+            const int aimed = h0 + T <= L ? std::clamp(L - h0, 1, T) : T;
+            acc[b] = boost::random::uniform_int_distribution<int>(0, 1)(rng) ? aimed
+                                                                             : boost::random::uniform_int_distribution<int>(1, T)(rng);
+          }
+          accepted.upload(acc);
+          cuda::commit_step(s, accepted.ptr, rec.view, nullptr);
+          REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto out = d.out.download();
+          for (int b = 0; b < s.batch; ++b)
+            for (int g = 0; g < s.key_heads; ++g) {
+              std::vector<ssm::GroupToken> drafts;
+              for (int t = 0; t < T; ++t) drafts.push_back(group_token(h, s, b, g, t));
+              std::vector<float> ref(static_cast<std::size_t>(T) * s.heads_per_group() * s.dv);
+              auto& dec = *cpu[b * s.key_heads + g];
+              dec.verify(drafts, ref.data());
+              dec.commit(acc[b]);
+              for (int t = 0; t < T; ++t) {
+                std::vector<float> ref_t(ref.begin() + static_cast<std::ptrdiff_t>(t) * s.heads_per_group() * s.dv,
+                                         ref.begin() + static_cast<std::ptrdiff_t>(t + 1) * s.heads_per_group() * s.dv);
+                const std::size_t off = ((static_cast<std::size_t>(b) * T + t) * s.value_heads + g * s.heads_per_group()) * s.dv;
+                meter.add(out, off, ref_t);
+              }
+            }
+        }
+        // One to three standard steps.
+        const int steps = boost::random::uniform_int_distribution<int>(1, 3)(rng);
+        for (int st = 0; st < steps; ++st) {
+          for (int b = 0; b < s.batch; ++b) long_flushes += cpu[b * s.key_heads]->committed() >= L;
+          const HostStep h = gen.make(c.kind, s, 1);
+          DeviceStep d(h, s.heads() * s.dv);
+          cuda::replay_step(c.kind, s, d.inputs(), config, rec.view, nullptr);
+          REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto out = d.out.download();
+          for (int b = 0; b < s.batch; ++b)
+            for (int g = 0; g < s.key_heads; ++g) {
+              std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+              cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
+              const std::size_t off = (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv;
+              meter.add(out, off, ref);
+            }
+        }
+      }
+      Collected states;
+      const auto gpu_state = ck.payload.download();
+      const float* gs = reinterpret_cast<const float*>(gpu_state.data());
+      for (int b = 0; b < s.batch; ++b)
+        for (int g = 0; g < s.key_heads; ++g)
+          for (int j = 0; j < s.heads_per_group(); ++j) {
+            const auto& S = cpu[b * s.key_heads + g]->checkpoint(j);
+            const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group() + j;
+            std::vector<float> gpu_head(gs + head * s.head_elements(), gs + (head + 1) * s.head_elements());
+            states.add(gpu_head, 0, std::vector<float>(S.data(), S.data() + S.size()));
+          }
+      const auto close = meter.close(1e-5, "outputs vs CPU"), close_states = states.close(1e-5, "checkpoints vs CPU");
+      std::printf("verify/standard mix %s L=%d T=%d B=%d H=%d dk=%d dv=%d: %d standard steps with h >= L; max |d|/allowed "
+                  "outputs %.2f, checkpoints %.2f\n",
+                  std::string(ssm::to_string(c.kind)).c_str(), L, T, s.batch, s.value_heads, s.dk, s.dv, long_flushes,
+                  close.max_excess, close_states.max_excess);
+      case_long_flushes += long_flushes;
+      if (T > L) CHECK(long_flushes > 0);  // h = T > L after every flushing verify that accepts all
+      CHECK_CLOSE(close);
+      CHECK_CLOSE(close_states);
+      ++n;
+    }
+    CHECK(case_long_flushes > 0);
+  }
+}
+
+TEST_CASE("the launchers refuse rings not sized for the verification they serve") {
+  const DecodeShape s{2, 1, 16, 128, 64};
+  StateBuffers ck(StorageFormat::fp32, s);
+  cuda::ReplayConfig config;
+  config.window = 16;
+  config.recur = ck.view;
+  HostStep h = InputGen(test::kBaseSeed + 43000, false).make(ssm::Recurrence::mamba2, s, 8);
+  DeviceStep d(h, s.heads() * s.dv * 8);
+  {
+    RecordBuffers rec(s, 16 + 4, std::vector<cuda::WindowState>(s.batch));
+    rec.view.max_drafts = 4;
+    CHECK_THROWS_AS(cuda::verify_step(ssm::Recurrence::mamba2, s, 8, d.inputs(), config, rec.view, nullptr), std::invalid_argument);
+  }
+  {
+    RecordBuffers rec(s, 16 + 7, std::vector<cuda::WindowState>(s.batch));  // needs max(16, 8) + 8 = 24
+    rec.view.max_drafts = 8;
+    CHECK_THROWS_AS(cuda::verify_step(ssm::Recurrence::mamba2, s, 8, d.inputs(), config, rec.view, nullptr), std::invalid_argument);
+    CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), config, rec.view, nullptr), std::invalid_argument);
+  }
+  {
+    cuda::ReplayConfig wide = config;
+    wide.window = 64;  // a commit could leave 64 records, whose next flush folds 65 > 64
+    RecordBuffers rec(s, 64 + 8, std::vector<cuda::WindowState>(s.batch));
+    rec.view.max_drafts = 8;
+    CHECK_THROWS_AS(cuda::verify_step(ssm::Recurrence::mamba2, s, 8, d.inputs(), wide, rec.view, nullptr), std::invalid_argument);
+    CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), wide, rec.view, nullptr), std::invalid_argument);
+    rec.view.max_drafts = 0;  // standard decode alone at L = 64 is fine
+    CHECK_NOTHROW(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), wide, rec.view, nullptr));
+    REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
   }
 }
