@@ -87,6 +87,7 @@ void run_state_error(const StateErrorOptions& o) {
                            {"mean_gamma2", h.mean_gamma2},
                            {"predicted_ms", std::isfinite(h.predicted_ms) ? nlohmann::json(h.predicted_ms) : nullptr},
                            {"coherent_ms", std::isfinite(h.coherent_ms) ? nlohmann::json(h.coherent_ms) : nullptr},
+                           {"channel_mean_predicted_ms", finite_or_null(h.channel_mean_predicted_ms)},
                            {"realized_bias", finite_or_null(h.realized_bias)},
                            {"realized_var", finite_or_null(h.realized_var)},
                            {"realized_cross", finite_or_null(h.realized_cross)},

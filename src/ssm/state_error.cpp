@@ -71,10 +71,18 @@ std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, co
 
   std::vector<HeadStateError> result(static_cast<std::size_t>(G));
   std::vector<Moments> d_read(static_cast<std::size_t>(G)), d_recur(static_cast<std::size_t>(G)),
-      state(static_cast<std::size_t>(G)), r_read(static_cast<std::size_t>(G)), r_recur(static_cast<std::size_t>(G));
+      state(static_cast<std::size_t>(G));
   StateMatrix rounded(seq.dv, seq.dk);
   // gamma_e per head over each window [e L, (e + 1) L) that ends at flush e (KDA: every channel).
+  // KDA decays column c of S (S Diag(a)), so its error D carries column by column, each with its own
+  // gamma: the model is applied per column and averaged. (With gamma averaged over the channels
+  // first, 1 / (1 - E[gamma^2]) is below the mean of 1 / (1 - E[gamma_c^2]) (Jensen), and the model
+  // under-predicts a head whose few slow channels hold most of the error.)
   const int width = seq.kind == Recurrence::kda ? seq.dk : 1;
+  const auto column = [&](std::size_t i) { return width == 1 ? 0 : static_cast<int>(i % static_cast<std::size_t>(seq.dk)); };
+  // One rounding's moments per head and decay column.
+  std::vector<std::vector<Moments>> r_read(static_cast<std::size_t>(G), std::vector<Moments>(static_cast<std::size_t>(width))),
+      r_recur = r_read;
   std::vector<std::vector<double>> gamma(static_cast<std::size_t>(G));
   for (int j = 0; j < G; ++j) {
     const float* a = seq.alpha[static_cast<std::size_t>(j)];
@@ -121,11 +129,12 @@ std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, co
     }
     if (e < events / 2) return;
     // One rounding of the exact state, on the stream the policy's own rounding used at this flush.
-    const auto round_once = [&](const StateFormat& f, CheckpointCopy copy, Moments& m) {
+    const auto round_once = [&](const StateFormat& f, CheckpointCopy copy, std::vector<Moments>& m) {
       if (f.format == formats::StorageFormat::fp32) return;
       rounded = Eigen::Map<const StateMatrix>(S, seq.dv, seq.dk);
       quantize_state(rounded, f, policy.seed, id, j, copy, static_cast<uint64_t>(e));
-      for (std::size_t i = 0; i < size; ++i) m.add(static_cast<double>(rounded.data()[i]) - S[i]);
+      for (std::size_t i = 0; i < size; ++i)
+        m[static_cast<std::size_t>(column(i))].add(static_cast<double>(rounded.data()[i]) - S[i]);
     };
     round_once(read_format, split ? CheckpointCopy::read : CheckpointCopy::recur, r_read[ju]);
     if (split) round_once(policy.recur, CheckpointCopy::recur, r_recur[ju]);
@@ -137,17 +146,39 @@ std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, co
     HeadStateError& h = result[ju];
     h.value_head = static_cast<int>(id.key_head) * G + j;
     Moments g;
-    for (const double x : gamma[ju]) g.add(x);
+    std::vector<Moments> g_column(static_cast<std::size_t>(width));
+    for (std::size_t i = 0; i < gamma[ju].size(); ++i) {
+      g.add(gamma[ju][i]);
+      g_column[i % static_cast<std::size_t>(width)].add(gamma[ju][i]);
+    }
     h.mean_gamma = g.mean();
     h.mean_gamma2 = g.ms();
     h.state_ms = state[ju].ms();
     h.measured_ms = d_read[ju].ms();
     h.measured_bias = d_read[ju].mean();
     h.recur_measured_ms = d_recur[ju].ms();
-    h.rounding_bias = r_read[ju].mean();
-    h.rounding_var = r_read[ju].var();
-    h.recur_rounding_bias = r_recur[ju].mean();
-    h.recur_rounding_var = r_recur[ju].var();
+    Moments read_all, recur_all;  // the head's one-rounding moments over all its elements
+    for (int c = 0; c < width; ++c) {
+      const Moments& a = r_read[ju][static_cast<std::size_t>(c)];
+      const Moments& b = r_recur[ju][static_cast<std::size_t>(c)];
+      read_all.sum += a.sum, read_all.sum2 += a.sum2, read_all.n += a.n;
+      recur_all.sum += b.sum, recur_all.sum2 += b.sum2, recur_all.n += b.n;
+    }
+    h.rounding_bias = read_all.mean();
+    h.rounding_var = read_all.var();
+    h.recur_rounding_bias = recur_all.mean();
+    h.recur_rounding_var = recur_all.var();
+    // The accumulated and coherent terms of one rounding `m` per column, averaged over the columns
+    // (one column, the whole head, for Mamba-2 and GDN).
+    const auto per_column = [&](const std::vector<Moments>& m, bool coherent_bound) {
+      double sum = 0.0;
+      for (int c = 0; c < width; ++c) {
+        const Moments& r = m[static_cast<std::size_t>(c)];
+        const Moments& gc = g_column[static_cast<std::size_t>(c)];
+        sum += coherent_bound ? coherent(r.var(), r.mean(), gc.mean()) : accumulated(r.var(), r.mean(), gc.mean(), gc.ms());
+      }
+      return sum / width;
+    };
     if (realized) {
       h.realized_bias = r_real[ju].mean();
       h.realized_var = r_real[ju].var();
@@ -161,12 +192,17 @@ std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, co
     }
     if (split) {
       const double one = h.rounding_var + h.rounding_bias * h.rounding_bias;
-      h.predicted_ms = one + accumulated(h.recur_rounding_var, h.recur_rounding_bias, h.mean_gamma, h.mean_gamma2);
-      h.coherent_ms = one + coherent(h.recur_rounding_var, h.recur_rounding_bias, h.mean_gamma);
+      h.predicted_ms = one + per_column(r_recur[ju], false);
+      h.coherent_ms = one + per_column(r_recur[ju], true);
     } else {
-      h.predicted_ms = accumulated(h.rounding_var, h.rounding_bias, h.mean_gamma, h.mean_gamma2);
-      h.coherent_ms = coherent(h.rounding_var, h.rounding_bias, h.mean_gamma);
+      h.predicted_ms = per_column(r_read[ju], false);
+      h.coherent_ms = per_column(r_read[ju], true);
     }
+    // The model with gamma averaged over the head's channels (= predicted_ms for Mamba-2 and GDN).
+    h.channel_mean_predicted_ms =
+        (split ? h.rounding_var + h.rounding_bias * h.rounding_bias : 0.0) +
+        (split ? accumulated(h.recur_rounding_var, h.recur_rounding_bias, h.mean_gamma, h.mean_gamma2)
+               : accumulated(h.rounding_var, h.rounding_bias, h.mean_gamma, h.mean_gamma2));
   }
   return result;
 }

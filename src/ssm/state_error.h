@@ -14,8 +14,10 @@
 // When rounding errors repeat from flush to flush (RTN of a slowly changing state) they add up
 // coherently instead: E[D^2] -> E[r^2] / (1 - E[gamma])^2, reported as the "coherent" bound. For
 // Mamba-2 the recurrence carries D exactly by gamma; for GDN and KDA the delta rule's (I - beta k
-// k^T) factors shrink D further, so the model is an upper estimate there. KDA's gamma is averaged
-// over the key channels.
+// k^T) factors shrink D further, so the model is an upper estimate there. KDA decays each key channel
+// (column of S) by its own gamma, so the model is applied per column (that column's rounding moments
+// and gamma) and averaged over the columns; channel_mean_predicted_ms keeps the model with gamma
+// averaged over the channels first, which under-predicts heads with a few slow channels.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -37,8 +39,9 @@ struct HeadStateError {
   double rounding_bias = 0.0, rounding_var = 0.0;              // in the read format
   double recur_rounding_bias = 0.0, recur_rounding_var = 0.0;  // split: in the recur format (0: FP32)
   double mean_gamma = 0.0, mean_gamma2 = 0.0;                  // over the windows (KDA: and channels)
-  double predicted_ms = 0.0;      // the independent-errors model above
-  double coherent_ms = 0.0;       // the coherent bound above
+  double predicted_ms = 0.0;      // the independent-errors model above (KDA: per column, averaged)
+  double coherent_ms = 0.0;       // the coherent bound above (KDA: per column, averaged)
+  double channel_mean_predicted_ms = 0.0;  // the model with gamma averaged over the channels (= predicted_ms unless KDA)
   // Mamba-2 only (NaN otherwise): the rounding errors the policy's recur copy actually received,
   // r_e = D_e - gamma_e D_{e-1} (exact for a scalar decay, up to FP32 arithmetic in the window),
   // at the steady-state flushes. They differ from one rounding of the exact state because the value

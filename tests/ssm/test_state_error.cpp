@@ -81,6 +81,35 @@ TEST_CASE("state error: shared SR on Mamba-2 accumulates as sigma^2 / (1 - E[gam
   }
 }
 
+TEST_CASE("state error: KDA's error accumulates per key channel; gamma averaged over the channels under-predicts") {
+  // A quarter of the channels slow (alpha 0.998), the rest fast (0.5), and beta tiny so that the
+  // delta rule's contraction is negligible and D is carried by Diag(gamma) column by column. Each
+  // column then accumulates sigma_c^2 / (1 - E[gamma_c^2]): the mean over the columns is the model;
+  // averaging gamma over the channels first gives 1 / (1 - mean gamma^2), far too little.
+  const int L = 16, dk = 16, n = 300 * L + 5;
+  test::GroupData d = test::make_group_data({ssm::Recurrence::kda, dk, 8, 2}, n, 0.9f, 0.95f, test::kBaseSeed + 1105);
+  for (auto& a : d.alpha)
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = (i % dk) < dk / 4 ? 0.998f : 0.5f;
+  for (auto& b : d.beta) std::fill(b.begin(), b.end(), 1e-4f);
+  for (const char* text : {"shared:fp16+sr@16", "shared:nvfp4+sr@16"}) {
+    const std::string policy_text(text);
+    CAPTURE(policy_text);
+    for (const auto& h : ssm::measure_state_error(d.sequence(), ssm::PrecisionPolicy::parse(text), {})) {
+      MESSAGE(text << " head " << h.value_head << ": measured " << h.measured_ms << ", per-channel model " << h.predicted_ms
+                   << ", channel-mean model " << h.channel_mean_predicted_ms);
+      // NVFP4+SR measures ~0.75 of the model: on the slow channels the value rounded lies near the
+      // carried grid point, where SR's variance is below one rounding's (as on Mamba-2's slow heads).
+      CHECK(h.measured_ms == doctest::Approx(h.predicted_ms).epsilon(0.35));
+      CHECK(h.channel_mean_predicted_ms < 0.5 * h.measured_ms);
+      CHECK(std::isnan(h.realized_predicted_ms));
+    }
+  }
+  // Mamba-2 (one decay per head): the two forms are the same number.
+  const test::GroupData m = test::make_group_data({ssm::Recurrence::mamba2, 16, 8, 2}, 40 * L, 0.9f, 0.99f, test::kBaseSeed + 1106);
+  for (const auto& h : ssm::measure_state_error(m.sequence(), ssm::PrecisionPolicy::parse("shared:nvfp4+rtn@16"), {}))
+    CHECK(h.channel_mean_predicted_ms == doctest::Approx(h.predicted_ms).epsilon(1e-12));
+}
+
 TEST_CASE("state error: SR of a checkpoint that a window hardly moves has less variance than one rounding") {
   // alpha = 1 and inputs of 1e-5 of the state's size: the value rounded at a flush is the carried
   // checkpoint (a grid point) plus a small update, where SR's variance (x - lo)(hi - x) is small; one
