@@ -542,6 +542,39 @@ def init_long_memory_kda(model, torch, lo, hi):
     return out
 
 
+def memory_summary(memories, long_tokens=1000.0):
+    """Quantiles of the weight-implied memories (head_memories' lists, flattened): what the training log
+    records at every logged step, to show whether the decay spectrum has settled."""
+    flat = sorted(m for layer in memories for m in layer)
+    if not flat:
+        return None
+    q = lambda f: flat[min(len(flat) - 1, int(f * len(flat)))]
+    return {"n": len(flat), "p10": q(0.1), "median": q(0.5), "p90": q(0.9), "max": flat[-1],
+            "at_least_1000": sum(m >= long_tokens for m in flat)}
+
+
+def memory_trace_line(log_entries, kda):
+    """The card's sentence on how the weight-implied spectrum moved over training (None without a trace)."""
+    trace = [(e["step"], e["memory"]) for e in log_entries or [] if e.get("memory")]
+    if len(trace) < 2:
+        return None
+    last_step, last = trace[-1]
+    # The last logged step at or before 80% of the training: how much the spectrum moved since.
+    ref_step, ref = max(((st, m) for st, m in trace if st <= 0.8 * last_step), default=trace[0])
+    moved = abs(last["median"] - ref["median"]) / ref["median"] if ref["median"] else float("nan")
+    who = "channels" if kda else "heads"
+    picks = [trace[0], trace[len(trace) // 4], trace[len(trace) // 2], trace[3 * len(trace) // 4], trace[-1]]
+    seen, marks = set(), []
+    for st, m in picks:
+        if st not in seen:
+            seen.add(st)
+            marks.append(f"step {st}: {_tokens(m['median'])} ({m['at_least_1000']} ≥ 1,000)")
+    return (f"Over training (from the weights at every logged step, input's share of dt at 0; train_log.json "
+            f"`log[].memory`), median memory of the {last['n']} {who}: " + ", ".join(marks) +
+            f". From step {ref_step} (80% of the steps) to the end the median moved {100 * moved:.1f}%"
+            f" and the {who} of ≥ 1,000 tokens went from {ref['at_least_1000']} to {last['at_least_1000']}.")
+
+
 def head_memories(model, torch):
     """[[1/(1 - alpha) of each head with the input's share of dt at 0]] from the weights (a property of the
     parameters, not of text: `replayssm info --decays` measures the latter)."""
@@ -770,7 +803,8 @@ def train(model, corpus, args, device, torch, log, resume=None):
                 lo = max(run_start_step, step - args.log_every) - run_start_step
                 recent = run_losses[lo:run_step].mean().item()
                 hist["log"].append({"step": step, "loss": recent, "lr": lr, "seq_len": seq_len, "batch": batch,
-                                    "elapsed_s": round(now, 3), "run": hist["runs"][-1]["run"]})
+                                    "elapsed_s": round(now, 3), "run": hist["runs"][-1]["run"],
+                                    "memory": memory_summary(head_memories(model, torch))})
                 log(f"step {step:6d}/{total}  loss {recent:.4f}  ({recent / math.log(2):.3f} bits/byte)  "
                     f"lr {lr:.2e}  {seq_len} x {batch}  {now:7.1f} s")
                 if not math.isfinite(recent):
@@ -1033,6 +1067,9 @@ def decay_section(c):
     if flat:
         lines += [f"From the initial weights (input's share of dt at 0): {len(flat)} {'channels' if kda else 'heads'}, memory "
                   f"{_tokens(flat[0])} to {_tokens(flat[-1])} tokens, median {_tokens(flat[len(flat) // 2])}.", ""]
+    trace = memory_trace_line(c.get("log"), kda)
+    if trace:
+        lines += [trace, ""]
     d = c.get("decays")
     if d is None:
         return lines + [f"Measured on text: skipped ({c.get('decays_note')})."]
@@ -1088,7 +1125,8 @@ def add_decays(args):
     if decays is None:
         print(f"train_tiny.py: --add-decays {out}: {note}", file=sys.stderr)
         return EXIT_REFUSED
-    c = {"args": train_log["args"], "init_memories": train_log.get("init_memory_tokens"), "decays": decays}
+    c = {"args": train_log["args"], "init_memories": train_log.get("init_memory_tokens"), "decays": decays,
+         "log": train_log.get("log")}
     card = splice_section(card_path.read_text(), "## Decay spectrum", decay_section(c))
     write_text_atomically(card_path, card)
     train_log["decays"], train_log["decays_note"] = decays, None
@@ -1247,6 +1285,7 @@ def run(args, argv, script):
         "special_ids": ("pad/bos/eos none" if args.arch == "qwen3_5" else
                         "pad_token_id 0 (NUL, never in the text), bos/eos none"),
         "decays": decays, "decays_note": decays_note, "init_memories": init_memories, "init_targets": init_targets,
+        "log": result["log"],
         "config_rows": config_summary(args.arch, config), "train_dir": args.train_dir, "books": books,
         "raw_bytes": sum(b["raw_bytes"] for b in books), "text_bytes": len(corpus), "exclusion": exclusion,
         "args": logged_args(args), "scan_note": scan_note, "device": dev_name, "eval": ev, "eval_skipped": skipped,

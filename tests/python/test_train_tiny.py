@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, checkout_env, replayssm_binary
@@ -347,6 +348,34 @@ def test_card_and_log(trained, arch):
         assert log["decays"]["summary"] == s
     else:
         assert "Measured on text: skipped (no replayssm binary at" in card
+
+
+@needs_torch
+@pytest.mark.parametrize("arch", ARCHS)
+def test_log_traces_the_weight_implied_memories(trained, arch):
+    """Every logged step records the quantiles of the memories the weights imply (input's share of dt at 0);
+    the last one equals a float64 computation from the saved tensors, and the card states the trace."""
+    from safetensors import safe_open
+    runs, _, _ = trained
+    out = runs[arch]["whole"]
+    log = json.loads((out / "train_log.json").read_text())
+    assert [e["step"] for e in log["log"]] == [5, 10] and all(e["memory"] for e in log["log"])
+    memories = []
+    with safe_open(str(out / "model.safetensors"), "np") as f:
+        for key in sorted(k for k in f.keys() if k.endswith("A_log")):
+            a_log = f.get_tensor(key).astype(np.float64).reshape(-1)
+            dt_bias = f.get_tensor(key[: -len("A_log")] + "dt_bias").astype(np.float64)
+            a = np.repeat(np.exp(a_log), dt_bias.size // a_log.size)  # KDA: one A per head, dt_bias per channel
+            rate = a * np.logaddexp(0.0, dt_bias)  # softplus
+            memories += list(1.0 / -np.expm1(-rate))
+    memories = np.sort(memories)
+    m = log["log"][-1]["memory"]
+    assert m["n"] == memories.size
+    assert m["median"] == pytest.approx(memories[memories.size // 2], rel=1e-9)
+    assert m["max"] == pytest.approx(memories[-1], rel=1e-9)
+    assert m["at_least_1000"] == int((memories >= 1000).sum())
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "Over training (from the weights at every logged step" in card and "step 5:" in card and "step 10:" in card
 
 
 @needs_torch
