@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -19,8 +20,10 @@
 
 #include "bench/bench_fill.h"
 #include "cuda_check.h"
+#include "ssm/conventional_decode.h"
 #include "ssm/decode_kernels.h"
 #include "ssm/model_shapes.h"
+#include "ssm/replay_decode.h"
 
 namespace replayssm::cuda {
 namespace {
@@ -139,15 +142,11 @@ struct Workspace {
     const std::size_t state_bytes = state_elems * 4;
     copies = static_cast<int>(std::clamp<std::size_t>((std::size_t{512} << 20) / state_bytes, 1, 16));
     state = std::make_unique<Buffer<float>>(state_elems * copies);
-    fill_uniform(state->ptr, state->n, -0.5f, 0.5f, 1);
     lowp_payload = std::make_unique<Buffer<uint8_t>>(state_elems * 2 * copies);
     lowp_codes = std::make_unique<Buffer<uint8_t>>(state_elems / 16 * copies);
     lowp_scales = std::make_unique<Buffer<float>>(state_elems / 128 * copies);
     lowp_tensor = std::make_unique<Buffer<float>>(s.heads() * copies);
-    REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_payload->ptr, 0x11, lowp_payload->n));
-    REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_codes->ptr, 0x30, lowp_codes->n));
-    fill_uniform(lowp_scales->ptr, lowp_scales->n, 1e-3f, 2e-3f, 2);
-    fill_uniform(lowp_tensor->ptr, lowp_tensor->n, 1e-3f, 2e-3f, 3);
+    randomize_states();
     const std::size_t T = max_drafts;
     q = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * T * s.key_heads * s.dk);
     k = std::make_unique<Buffer<__nv_bfloat16>>(q->n);
@@ -176,6 +175,23 @@ struct Workspace {
     accepted = std::make_unique<Buffer<int>>(s.batch);
   }
 
+  // The timed runs' states: random, never zeros (zeros can run faster than real data).
+  void randomize_states() {
+    fill_uniform(state->ptr, state->n, -0.5f, 0.5f, 1);
+    REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_payload->ptr, 0x11, lowp_payload->n));
+    REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_codes->ptr, 0x30, lowp_codes->n));
+    fill_uniform(lowp_scales->ptr, lowp_scales->n, 1e-3f, 2e-3f, 2);
+    fill_uniform(lowp_tensor->ptr, lowp_tensor->n, 1e-3f, 2e-3f, 3);
+  }
+  // The validation's start: every state zero (the CPU decoders' initial state; zero is also every
+  // low-precision format's encoding of a zero state).
+  void zero_states() {
+    REPLAYSSM_CUDA_CHECK(cudaMemset(state->ptr, 0, state->n * sizeof(float)));
+    REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_payload->ptr, 0, lowp_payload->n));
+    REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_codes->ptr, 0, lowp_codes->n));
+    REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_scales->ptr, 0, lowp_scales->n * sizeof(float)));
+    REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_tensor->ptr, 0, lowp_tensor->n * sizeof(float)));
+  }
   StepInputs inputs() const { return {q->ptr, k->ptr, v->ptr, alpha->ptr, beta->ptr, out->ptr}; }
   DeviceState fp32_state(int copy) const {
     DeviceState d;
@@ -234,6 +250,206 @@ struct ByteModel {
   }
 };
 
+// ---- validation before timing (BenchOptions::check) ------------------------------------------------
+// Each kernel the bench times runs first from zero states on the workspace's own random inputs (the
+// same token every step) and its outputs for the first and the last sequence are compared with the
+// CPU decoders of src/ssm (ConventionalDecoder, ReplayDecoder, SplitPrecisionReplayDecoder): FP32
+// paths within 1e-5 (rms + |cpu|), as tests/cuda/test_decode_cuda.cpp; low-precision states within
+// one code step, 0.25 (rms + |cpu|), with at most 0.1% of the elements beyond the FP32 tolerance
+// (rounding decisions flipped by a last-bit difference). A mismatch stops the bench before any timing.
+struct HostInputs {
+  int T;
+  std::vector<float> q, k, v, alpha, beta;
+  HostInputs(const Workspace& ws, int tokens) : T(tokens) {
+    const DecodeShape& s = ws.s;
+    auto bf16 = [](const __nv_bfloat16* d, std::size_t n) {
+      std::vector<__nv_bfloat16> h(n);
+      REPLAYSSM_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+      std::vector<float> f(n);
+      for (std::size_t i = 0; i < n; ++i) f[i] = __bfloat162float(h[i]);
+      return f;
+    };
+    auto f32 = [](const float* d, std::size_t n) {
+      std::vector<float> h(n);
+      REPLAYSSM_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+      return h;
+    };
+    const std::size_t nk = static_cast<std::size_t>(s.batch) * T * s.key_heads * s.dk;
+    const std::size_t nv = static_cast<std::size_t>(s.batch) * T * s.value_heads * s.dv;
+    const std::size_t nh = static_cast<std::size_t>(s.batch) * T * s.value_heads;
+    q = bf16(ws.q->ptr, nk), k = bf16(ws.k->ptr, nk), v = bf16(ws.v->ptr, nv);
+    alpha = f32(ws.alpha->ptr, nh), beta = f32(ws.beta->ptr, nh);
+  }
+  // Token t of sequence b, key head g (layouts of decode_kernels.h: [B][T][G][dk], [B][T][H][dv]).
+  ssm::GroupToken token(const DecodeShape& s, int b, int g, int t) const {
+    ssm::GroupToken x;
+    const std::size_t kh = (static_cast<std::size_t>(b) * T + t) * s.key_heads + g;
+    x.q = &q[kh * s.dk];
+    x.k = &k[kh * s.dk];
+    const int hpg = s.value_heads / s.key_heads;
+    for (int j = 0; j < hpg; ++j) {
+      const std::size_t vh = (static_cast<std::size_t>(b) * T + t) * s.value_heads + g * hpg + j;
+      x.alpha.push_back(&alpha[vh]);
+      x.beta.push_back(beta[vh]);
+      x.v.push_back(&v[vh * s.dv]);
+    }
+    return x;
+  }
+};
+
+struct CheckMeter {
+  std::vector<double> gpu, cpu;
+  // max |gpu - cpu| / (tol (rms + |cpu|)) and the count of elements beyond tol; NaN never matches.
+  std::pair<double, std::size_t> excess(double tol) const {
+    double ms = 0.0;
+    for (double c : cpu) ms += c * c;
+    const double rms = std::sqrt(ms / std::max<std::size_t>(1, cpu.size()));
+    double worst = 0.0;
+    std::size_t beyond = 0;
+    for (std::size_t i = 0; i < gpu.size(); ++i) {
+      const double e = std::abs(gpu[i] - cpu[i]) / (tol * (rms + std::abs(cpu[i])));
+      const double x = std::isfinite(e) ? e : std::numeric_limits<double>::infinity();
+      worst = std::max(worst, x);
+      beyond += !(x <= 1.0);
+    }
+    return {worst, beyond};
+  }
+};
+
+class KernelCheck {
+ public:
+  KernelCheck(Workspace& ws, const std::string& model) : ws_(ws), model_(model) {}
+
+  // Runs `steps` calls of `gpu_step` (T tokens each, then `after` if given) against the CPU decoders
+  // of `policy` on sequences 0 and B - 1, comparing every output.
+  template <class GpuStep, class CpuStep>
+  void run(const std::string& kernel, int T, int steps, bool low_precision, GpuStep&& gpu_step, CpuStep&& cpu_step) {
+    const DecodeShape& s = ws_.s;
+    const HostInputs in(ws_, T);
+    const std::vector<int> seqs = s.batch > 1 ? std::vector<int>{0, s.batch - 1} : std::vector<int>{0};
+    const int hpg = s.value_heads / s.key_heads;
+    CheckMeter meter;
+    std::vector<float> out(ws_.out->n), ref(static_cast<std::size_t>(T) * hpg * s.dv);
+    for (int step = 0; step < steps; ++step) {
+      gpu_step();
+      REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::size_t per_seq = static_cast<std::size_t>(T) * s.value_heads * s.dv;
+      for (int b : seqs)  // only the checked sequences' outputs come back
+        REPLAYSSM_CUDA_CHECK(cudaMemcpy(out.data() + b * per_seq, ws_.out->ptr + b * per_seq, per_seq * sizeof(float),
+                                        cudaMemcpyDeviceToHost));
+      for (int b : seqs)
+        for (int g = 0; g < s.key_heads; ++g) {
+          cpu_step(b, g, in, ref.data());
+          for (int t = 0; t < T; ++t)
+            for (int e = 0; e < hpg * s.dv; ++e) {
+              const std::size_t at = ((static_cast<std::size_t>(b) * T + t) * s.value_heads + g * hpg) * s.dv + e;
+              meter.gpu.push_back(out[at]);
+              meter.cpu.push_back(ref[static_cast<std::size_t>(t) * hpg * s.dv + e]);
+            }
+        }
+    }
+    const auto [fp32_excess, beyond] = meter.excess(1e-5);
+    const bool ok = low_precision ? beyond * 1000 <= meter.gpu.size() && meter.excess(0.25).first <= 1.0 : fp32_excess <= 1.0;
+    if (!low_precision) worst_fp32_ = std::max(worst_fp32_, fp32_excess);
+    ++checked_;
+    if (!ok)
+      throw std::runtime_error(fmt::format(
+          "bench: {} on {} (B = {}) differs from the CPU reference before timing: max |d| = {:.3g} x 1e-5 (rms + |cpu|), "
+          "{} of {} elements beyond it", kernel, model_, s.batch, fp32_excess, beyond, meter.gpu.size()));
+  }
+  int checked() const { return checked_; }
+  double worst_fp32() const { return worst_fp32_; }
+
+ private:
+  Workspace& ws_;
+  std::string model_;
+  double worst_fp32_ = 0.0;  // largest max |d| / (1e-5 (rms + |cpu|)) of the FP32 paths
+  int checked_ = 0;
+};
+
+// Decoders of sequences 0 and B - 1 (indexed [b][g]; other sequences are not checked).
+template <class Decoder>
+using DecoderGrid = std::vector<std::vector<std::unique_ptr<Decoder>>>;
+
+void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m, const std::vector<int>& windows,
+                   const std::vector<int>& drafts) {
+  const DecodeShape& s = ws.s;
+  const ssm::HeadGroupShape group{kind, s.dk, s.dv, s.value_heads / s.key_heads};
+  KernelCheck check(ws, std::string(m.short_name));
+  auto id = [](int b, int g) { return ssm::HeadGroupId{static_cast<uint32_t>(b), static_cast<uint32_t>(g)}; };
+  auto grid = [&](auto make) {
+    using D = typename decltype(make(0, 0))::element_type;
+    DecoderGrid<D> d(static_cast<std::size_t>(s.batch));
+    for (int b : {0, s.batch - 1}) {
+      d[static_cast<std::size_t>(b)].clear();
+      for (int g = 0; g < s.key_heads; ++g) d[static_cast<std::size_t>(b)].push_back(make(b, g));
+    }
+    return d;
+  };
+  // Conventional decode, fp32 / fp16 / bf16 state.
+  for (StorageFormat f : {StorageFormat::fp32, StorageFormat::fp16, StorageFormat::bf16}) {
+    ws.zero_states();
+    const auto policy = ssm::PrecisionPolicy::parse(f == StorageFormat::fp32 ? "conv:fp32"
+                                                    : f == StorageFormat::fp16 ? "conv:fp16+rtn" : "conv:bf16+rtn");
+    auto cpu = grid([&](int b, int g) { return std::make_unique<ssm::ConventionalDecoder>(group, policy, id(b, g)); });
+    const DeviceState st = f == StorageFormat::fp32 ? ws.fp32_state(0) : ws.lowp_state(f, 0);
+    check.run(fmt::format("conventional {}", formats::to_string(f)), 1, 4, f != StorageFormat::fp32,
+              [&] { conventional_step(kind, s, ws.inputs(), st, nullptr); },
+              [&](int b, int g, const HostInputs& in, float* ref) { cpu[b][g]->step(in.token(s, b, g, 0), ref); });
+  }
+  // ReplaySSM standard decode: shared FP32 and split low-precision reads, over L + 2 steps (a flush).
+  for (int L : windows) {
+    std::vector<StorageFormat> reads{StorageFormat::fp32, StorageFormat::fp16, StorageFormat::nvfp4};
+    if (s.dk % 128 == 0) reads.push_back(StorageFormat::fp8b128);
+    for (StorageFormat read : reads) {
+      ws.zero_states();
+      ws.set_windows([](int) { return 0; });
+      const std::string text = read == StorageFormat::fp32 ? fmt::format("shared:fp32@{}", L)
+                                                           : fmt::format("split:{}+rtn/fp32@{}", formats::to_string(read), L);
+      const auto policy = ssm::PrecisionPolicy::parse(text);
+      auto cpu = grid([&](int b, int g) { return ssm::make_decoder(group, policy, id(b, g)); });
+      ReplayConfig cfg;
+      cfg.window = L;
+      cfg.recur = ws.fp32_state(0);
+      if (read != StorageFormat::fp32) cfg.read = ws.lowp_state(read, 0);
+      DeviceRecords rec = ws.records();
+      check.run("replay " + text, 1, L + 2, read != StorageFormat::fp32,
+                [&] { replay_step(kind, s, ws.inputs(), cfg, rec, nullptr); },
+                [&](int b, int g, const HostInputs& in, float* ref) { cpu[b][g]->step(in.token(s, b, g, 0), ref); });
+    }
+  }
+  // Verification at L = 16 with every draft accepted: h runs 0, T, 2T, ... and flushes when h + T > 16.
+  for (int T : drafts) {
+    ws.zero_states();
+    ws.set_windows([](int) { return 0; });
+    const auto policy = ssm::PrecisionPolicy::parse("shared:fp32@16");
+    ssm::ReplayDecoderOptions opts;
+    opts.max_draft = T;
+    auto cpu = grid([&](int b, int g) { return std::make_unique<ssm::ReplayDecoder>(group, policy, id(b, g), opts); });
+    ReplayConfig cfg;
+    cfg.window = 16;
+    cfg.recur = ws.fp32_state(0);
+    DeviceRecords rec = ws.records(T);
+    const std::vector<int> all(static_cast<std::size_t>(s.batch), T);
+    REPLAYSSM_CUDA_CHECK(cudaMemcpy(ws.accepted->ptr, all.data(), all.size() * sizeof(int), cudaMemcpyHostToDevice));
+    check.run(fmt::format("verify T={}", T), T, 16 / T + 2, false,
+              [&] {
+                verify_step(kind, s, T, ws.inputs(), cfg, rec, nullptr);
+                commit_step(s, ws.accepted->ptr, rec, nullptr);
+              },
+              [&](int b, int g, const HostInputs& in, float* ref) {
+                std::vector<ssm::GroupToken> x;
+                for (int t = 0; t < T; ++t) x.push_back(in.token(s, b, g, t));
+                cpu[b][g]->verify(x, ref);
+                cpu[b][g]->commit(T);
+              });
+  }
+  ws.randomize_states();
+  std::printf("# %s B=%d: %d kernel configurations checked against the CPU decoders before timing (FP32 paths: "
+              "max |d| = %.2f x 1e-5 (rms + |cpu|))\n",
+              std::string(m.short_name).c_str(), s.batch, check.checked(), check.worst_fp32());
+}
+
 struct Row {
   std::string model, kernel;
   int batch, param;
@@ -275,6 +491,7 @@ int run_decode_bench(const BenchOptions& o) {
       arena.reset();  // the previous configuration's buffers are gone: start again at the base
       const DecodeShape s{B, m.key_heads, m.value_heads, m.dk, m.dv};
       Workspace ws(kind, s, max_window, max_drafts);
+      if (o.check) check_kernels(kind, ws, m, o.windows, o.drafts);
       const ByteModel bm{s, kind};
       int copy = 0;
       auto next_copy = [&] { copy = (copy + 1) % ws.copies; return copy; };

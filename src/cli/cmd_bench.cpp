@@ -22,6 +22,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--drafts", o->drafts, "draft counts T for verification (1, 2, 4, 8)")->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "timed repetitions per measurement (median reported)")->capture_default_str();
   cmd->add_option("--csv", o->csv_out, "also write every measurement as CSV");
+  cmd->add_flag("--no-check{false}", o->check,
+                "skip the validation of each kernel against the CPU decoders that runs before it is timed");
   cmd->callback([o] { cuda::run_decode_bench(*o); });
 #else
   cmd->callback([] {
