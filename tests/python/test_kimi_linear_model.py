@@ -37,8 +37,12 @@ def test_info_shows_kda_latent_attention_and_moe():
 
 
 def test_checkpoint_holds_the_reference_values():
-    """transformers reading the BF16 checkpoint back gives the golden log-probs bit for bit: every
-    value the reference forward used (the router's correction bias included) is the stored one."""
+    """transformers reading the BF16 checkpoint back gives the golden log-probs: every value the
+    reference forward used (the router's correction bias included) is the stored one. Not bit for bit:
+    torch's float32 reductions depend on the CPU's vector width and thread count (CI's machine differs
+    from the one that made the goldens by ~4e-7 relative), while scaling any one stored tensor by
+    1 + 2^-8 (one BF16 step) moves them by 2.8e-3 relative or more, and a missing correction bias by 7
+    (both measured on this model), so 1e-5 relative tells the two apart."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     model = transformers.KimiLinearForCausalLM.from_pretrained(MODEL, dtype=torch.float32,
@@ -47,7 +51,9 @@ def test_checkpoint_holds_the_reference_values():
     with torch.no_grad():
         logits = model(input_ids=tokens, use_cache=False).logits[0]
     lp = torch.log_softmax(logits.double(), dim=-1).float().numpy()
-    assert (lp == np.load(MODEL / "logprobs.npy")).all()
+    ref = np.load(MODEL / "logprobs.npy")
+    rel = np.abs(lp.astype(np.float64) - ref) / np.maximum(1.0, np.abs(ref))
+    assert rel.max() <= 1e-5, rel.max()
 
 
 def test_logits_match_transformers_and_policies_change_them(tmp_path):
