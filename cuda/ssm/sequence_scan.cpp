@@ -10,9 +10,19 @@
 
 namespace replayssm::cuda {
 
+std::string scan_unsupported_reason(const ssm::PrecisionPolicy& policy) {
+  if (policy.uses_rounding(formats::Rounding::ef))
+    return fmt::format("policy {} rounds by error feedback (+ef), which the GPU scan kernels do not implement yet "
+                       "(the CPU reference does)",
+                       policy.to_string());
+  return {};
+}
+
 void emulate_layer_sequence_gpu(const ssm::LayerSequence& seq, const ssm::PrecisionPolicy& policy, uint32_t layer,
                                 cudaStream_t stream, ScanCheckpoints* checkpoints) {
   ssm::check_layer_sequence(seq, policy, layer);
+  if (const std::string why = scan_unsupported_reason(policy); !why.empty())
+    throw std::invalid_argument("emulate_layer_sequence_gpu: " + why);
   if (seq.dk > kScanMaxDk || seq.dv > kScanMaxDv)
     throw std::invalid_argument(fmt::format(
         "emulate_layer_sequence_gpu: head dims dk = {}, dv = {}: the scan kernels support dk <= {} and dv <= {}",

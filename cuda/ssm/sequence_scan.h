@@ -11,6 +11,7 @@
 // Limits (std::invalid_argument beyond them): dk <= 256, dv <= 256; the checks of
 // ssm::check_layer_sequence otherwise (the same exceptions as the CPU twin).
 #pragma once
+#include <string>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,6 +34,11 @@ struct ScanCheckpoints {
   float* read = nullptr;    // split policies: the read copy, same layout; must be null otherwise
   int64_t events = 0;       // events per head the buffers hold; must equal quantization_events
 };
+
+// Why the scan kernels cannot run `policy` (empty when they can): error feedback (+ef) has no GPU
+// scan yet. The sweep engine asks before any work, so --device auto falls back to the CPU and
+// --device cuda refuses.
+std::string scan_unsupported_reason(const ssm::PrecisionPolicy& policy);
 
 // `seq` holds device pointers (layout: ssm::LayerSequence). Asynchronous on `stream`. Checkpoints are written only when `checkpoints`
 // is given. Throws std::invalid_argument / std::out_of_range as the CPU twin does, and

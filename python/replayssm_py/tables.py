@@ -20,7 +20,7 @@ def rtn_vs_sr_table(results, lengths=DEFAULT_LENGTHS, configs=None):
         p = c["info"]
         first = lambda f: f[0] if f else ""  # noqa: E731
         return (p["scheme"], first(p["read"]), first(p["recur"]), p["window"] or 0,
-                {"rtn": 0, "sr": 1}.get((p["recur"] or ("", ""))[1] or "", 2), p["seed"])
+                {"rtn": 0, "sr": 1, "ef": 2}.get((p["recur"] or ("", ""))[1] or "", 3), p["seed"])
 
     rows = []
     for c in sorted(select(results, configs), key=key):

@@ -593,7 +593,10 @@ void run_sweep(const KlSweepOptions& o, const Processes& procs) {
     std::cerr << fmt::format("[rank {}] kl-sweep: {}\n", procs.team->rank(),
                              cuda::bind_device_for_local_rank(procs.local_rank));
 #endif
-  const std::unique_ptr<eval::SweepEngine> engine = make_engine(*lm, o.engine, threads, o.chunk, info, "kl-sweep");
+  std::vector<ssm::PrecisionPolicy> engine_policies = policies;  // what the engine must run, the reference too
+  engine_policies.push_back(ssm::PrecisionPolicy::parse(o.reference));
+  const std::unique_ptr<eval::SweepEngine> engine =
+      make_engine(*lm, o.engine, threads, o.chunk, info, "kl-sweep", engine_policies);
   const eval::SweepOutcome r = eval::run_kl_sweep(*engine, books, so);
   if (!lead) return;
   std::cout << eval::format_summary_table(r.rows) << "\n" << eval::format_statistics_table(r.rows);

@@ -88,7 +88,9 @@ void run_logits(const LogitsOptions& o) {
   const std::vector<int64_t> tokens = read_tokens(o.tokens);
   const model::CausalLM lm = model::CausalLM::load(o.model_dir);
   const model::PolicyAssignment policy = parse_policies(o, lm);
-  const bool on_gpu = choose_cuda(&lm, o.engine, std::cerr, "logits");
+  std::vector<ssm::PrecisionPolicy> used{policy.all};
+  for (const auto& [layer, p] : policy.per_layer) used.push_back(p);
+  const bool on_gpu = choose_cuda(&lm, o.engine, std::cerr, "logits", used);
   const auto t1 = std::chrono::steady_clock::now();
   io::NpyWriter out(o.out, "<f4", {tokens.size(), static_cast<std::size_t>(lm.vocab_size())}, o.force);
   model::ForwardOptions fo;

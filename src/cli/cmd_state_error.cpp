@@ -50,6 +50,7 @@ void run_state_error(const StateErrorOptions& o) {
     throw std::runtime_error(fmt::format("state-error: --json {} exists (--force replaces it)", o.json_out));
   const std::vector<ssm::PrecisionPolicy> policies =
       eval::expand_policies(eval::parse_policy_list(o.policies), {}, {});
+  for (const auto& p : policies) ssm::check_state_error_policy(p);  // before any book or model is read
   io::TextSourceOptions to;
   to.text_dir = o.text_dir;
   to.tokens_dir = o.tokens_dir;

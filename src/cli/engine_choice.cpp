@@ -10,11 +10,13 @@
 #if REPLAYSSM_WITH_CUDA
 #include "eval/cuda_sweep_engine.h"
 #include "model/gpu_causal_lm.h"
+#include "ssm/sequence_scan.h"
 #endif
 
 namespace replayssm::cli {
 
-bool choose_cuda(const model::CausalLM* lm, const EngineChoice& c, std::ostream& log, const std::string& command) {
+bool choose_cuda(const model::CausalLM* lm, const EngineChoice& c, std::ostream& log, const std::string& command,
+                 std::span<const ssm::PrecisionPolicy> policies) {
   if (c.device != "cpu" && c.device != "cuda" && c.device != "auto")
     throw std::invalid_argument(fmt::format("--device: '{}' is not a device: expected cpu, cuda or auto", c.device));
   if (c.compute != "fp32" && c.compute != "bf16x3" && c.compute != "bf16")
@@ -27,9 +29,12 @@ bool choose_cuda(const model::CausalLM* lm, const EngineChoice& c, std::ostream&
     if (why_not_cuda.empty())
       why_not_cuda = lm ? cuda::GpuCausalLM::unsupported_reason(*lm)
                         : "the model is not a loaded checkpoint (the CUDA engine uploads a CausalLM's weights)";
+    for (const ssm::PrecisionPolicy& p : policies)
+      if (why_not_cuda.empty()) why_not_cuda = cuda::scan_unsupported_reason(p);
   }
 #else
   (void)lm;
+  (void)policies;
   why_not_cuda = "this build has no CUDA support (configure with -DREPLAYSSM_CUDA=ON where nvcc is installed)";
 #endif
   const bool use_cuda = c.device != "cpu" && why_not_cuda.empty();
@@ -51,8 +56,9 @@ cuda::GemmPrecision gemm_precision(const EngineChoice& c) {
 #endif
 
 std::unique_ptr<eval::SweepEngine> make_engine(model::TeacherForcedModel& model, const EngineChoice& c, int threads,
-                                               int chunk_rows, std::ostream& log, const std::string& command) {
-  if (!choose_cuda(model.causal_lm(), c, log, command)) return eval::make_cpu_engine(model, threads);
+                                               int chunk_rows, std::ostream& log, const std::string& command,
+                                               std::span<const ssm::PrecisionPolicy> policies) {
+  if (!choose_cuda(model.causal_lm(), c, log, command, policies)) return eval::make_cpu_engine(model, threads);
 #if REPLAYSSM_WITH_CUDA
   auto engine = cuda::make_cuda_engine(model, gemm_precision(c), chunk_rows, log);
   log << fmt::format("{}: device: {}\n", command, engine->device());

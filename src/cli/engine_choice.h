@@ -5,9 +5,11 @@
 #pragma once
 #include <iosfwd>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "eval/sweep_engine.h"
+#include "ssm/precision_policy.h"
 
 #if REPLAYSSM_WITH_CUDA
 #include "model/gpu_block.h"
@@ -30,18 +32,22 @@ inline constexpr const char* kComputeHelp =
     "(three BF16 tensor-core products, FP32-accurate) | bf16 (as serving engines run; GPU only)";
 
 // true: run on the GPU. Refuses (std::invalid_argument) what cannot be honoured, see make_engine;
-// says the device on `log` when it is the CPU. `lm` null: no checkpoint (CPU only).
-bool choose_cuda(const model::CausalLM* lm, const EngineChoice& choice, std::ostream& log, const std::string& command);
+// says the device on `log` when it is the CPU. `lm` null: no checkpoint (CPU only). `policies`:
+// every precision policy the run will use (the reference too); one the GPU cannot run keeps auto
+// on the CPU and makes cuda refuse.
+bool choose_cuda(const model::CausalLM* lm, const EngineChoice& choice, std::ostream& log, const std::string& command,
+                 std::span<const ssm::PrecisionPolicy> policies = {});
 #if REPLAYSSM_WITH_CUDA
 cuda::GemmPrecision gemm_precision(const EngineChoice& choice);
 #endif
 
 // The engine for `model`, or std::invalid_argument (CLI exit 2) when the choice cannot be honoured:
-// cuda asked for without a CUDA build or device or for a model with layers not on the GPU yet, a
-// compute precision other than fp32 on the CPU. The chosen device is said on `log` as
+// cuda asked for without a CUDA build or device, for a model with layers not on the GPU yet or for
+// a policy the GPU cannot run, a compute precision other than fp32 on the CPU. The chosen device is said on `log` as
 // "COMMAND: device: ...".
 std::unique_ptr<eval::SweepEngine> make_engine(model::TeacherForcedModel& model, const EngineChoice& choice,
                                                int threads, int chunk_rows, std::ostream& log,
-                                               const std::string& command);
+                                               const std::string& command,
+                                               std::span<const ssm::PrecisionPolicy> policies = {});
 
 }  // namespace replayssm::cli

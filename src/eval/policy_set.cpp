@@ -88,12 +88,7 @@ std::vector<ssm::PolicySpec> parse_policy_list(std::string_view text) {
   return specs;
 }
 
-bool uses_stochastic_rounding(const PrecisionPolicy& p) {
-  const auto sr = [](const ssm::StateFormat& f) {
-    return f.format != formats::StorageFormat::fp32 && f.rounding == formats::Rounding::sr;
-  };
-  return sr(p.recur) || (p.scheme == DecodeScheme::split && sr(p.read));
-}
+bool uses_stochastic_rounding(const PrecisionPolicy& p) { return p.uses_rounding(formats::Rounding::sr); }
 
 std::vector<PrecisionPolicy> expand_policies(const std::vector<ssm::PolicySpec>& specs,
                                              const std::vector<int>& windows_in,
@@ -148,6 +143,7 @@ nlohmann::json policy_json(const PrecisionPolicy& p) {
   j["window"] = p.window;
   j["seed"] = p.seed;
   j["stochastic_rounding"] = uses_stochastic_rounding(p);
+  j["error_feedback"] = p.uses_rounding(formats::Rounding::ef);
   return j;
 }
 

@@ -42,7 +42,7 @@ std::vector<ssm::PrecisionPolicy> expand_policies(const std::vector<ssm::PolicyS
                                                   const std::vector<int>& windows, const std::vector<uint64_t>& seeds);
 bool uses_stochastic_rounding(const ssm::PrecisionPolicy& p);
 // {"policy", "scheme", "recur": {"format", "rounding"}, ["read": {...}], "window", "seed",
-//  "stochastic_rounding"}
+//  "stochastic_rounding", "error_feedback"}
 nlohmann::json policy_json(const ssm::PrecisionPolicy& p);
 
 }  // namespace replayssm::eval

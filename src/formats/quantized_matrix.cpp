@@ -21,7 +21,14 @@ std::string_view to_string(StorageFormat f) {
   return "?";
 }
 
-std::string_view to_string(Rounding r) { return r == Rounding::rtn ? "rtn" : "sr"; }
+std::string_view to_string(Rounding r) {
+  switch (r) {
+    case Rounding::rtn: return "rtn";
+    case Rounding::sr: return "sr";
+    case Rounding::ef: return "ef";
+  }
+  return "?";
+}
 
 StorageFormat parse_storage_format(std::string_view text) {
   for (StorageFormat f : kAllStorageFormats)
@@ -34,7 +41,9 @@ StorageFormat parse_storage_format(std::string_view text) {
 Rounding parse_rounding(std::string_view text) {
   if (text == "rtn" || text == "rn") return Rounding::rtn;
   if (text == "sr") return Rounding::sr;
-  throw std::invalid_argument(fmt::format("unknown rounding '{}': expected rtn or sr", text));
+  if (text == "ef") return Rounding::ef;
+  throw std::invalid_argument(
+      fmt::format("unknown rounding '{}': expected rtn, sr or ef (error feedback)", text));
 }
 
 int block_size(StorageFormat f) {
@@ -66,6 +75,10 @@ std::size_t storage_bytes(StorageFormat f, std::size_t rows, std::size_t cols) {
 }
 
 RoundingMode element_rounding_mode(Rounding r) {
+  if (r == Rounding::ef)
+    throw std::invalid_argument(
+        "rounding 'ef' (error feedback) carries a residual from one quantization of a stored copy to the next: it "
+        "is not an element rounding, and this operation supports rtn and sr only");
   return r == Rounding::sr ? RoundingMode::stochastic : RoundingMode::nearest_even;
 }
 
@@ -236,6 +249,16 @@ void fake_quantize_matrix(float* values, std::size_t rows, std::size_t cols, Sto
   if (format == StorageFormat::fp32) return;
   const QuantizedMatrix q = quantize_matrix(values, rows, cols, format, rounding, key);
   dequantize_matrix(q, values);
+}
+
+void fake_quantize_with_error_feedback(float* values, float* residual, std::size_t rows, std::size_t cols,
+                                       StorageFormat format) {
+  if (format == StorageFormat::fp32) return;
+  check_block_shape(format, rows, cols);
+  const std::size_t n = rows * cols;
+  for (std::size_t i = 0; i < n; ++i) residual[i] = values[i] += residual[i];  // y
+  fake_quantize_matrix(values, rows, cols, format, Rounding::rtn);
+  for (std::size_t i = 0; i < n; ++i) residual[i] -= values[i];  // y - Q(y)
 }
 
 }  // namespace replayssm::formats

@@ -23,7 +23,12 @@
 namespace replayssm::formats {
 
 enum class StorageFormat : uint8_t { fp32, fp16, bf16, e4m3, e2m1, fp8b128, nvfp4 };
-enum class Rounding : uint8_t { rtn, sr };
+// rtn: round to nearest, ties to even. sr: stochastic rounding (Philox stream, FORMATS.md).
+// ef: error feedback: RTN of the value plus the residual the previous quantization of the same
+// stored copy dropped, the new residual carried to the next one (fake_quantize_with_error_feedback).
+// It needs that residual, so it is not an element rounding mode: the whole-matrix functions below
+// that take a Rounding refuse it.
+enum class Rounding : uint8_t { rtn, sr, ef };
 
 inline constexpr StorageFormat kAllStorageFormats[] = {StorageFormat::fp32, StorageFormat::fp16,
                                                        StorageFormat::bf16, StorageFormat::e4m3,
@@ -49,6 +54,8 @@ struct SrKey {
   uint64_t stream = 0;
 };
 
+// The element rounding of rtn and sr. Throws std::invalid_argument for ef, which is not one (it
+// carries a residual between quantizations): code that has not been taught error feedback refuses it.
 RoundingMode element_rounding_mode(Rounding r);
 
 struct QuantizedMatrix {
@@ -76,5 +83,13 @@ void dequantize_matrix(const QuantizedMatrix& q, float* out);
 // In-place quantize-then-dequantize (what the CPU reference stores in a low-precision state).
 void fake_quantize_matrix(float* values, std::size_t rows, std::size_t cols, StorageFormat format, Rounding rounding,
                           SrKey key = {});
+
+// Error feedback (Rounding::ef), in place: y = values + residual (float32), values <- Q_rtn(y),
+// residual <- y - values. Block and tensor scales are those of y. A residual starts at zero; over
+// repeated quantizations of one copy the running sum of what was stored tracks the running sum of
+// what was meant to within one residual. Non-finite y gives a non-finite residual (a result, as
+// an overflowed state is). fp32 is stored exactly and leaves the residual as it is.
+void fake_quantize_with_error_feedback(float* values, float* residual, std::size_t rows, std::size_t cols,
+                                       StorageFormat format);
 
 }  // namespace replayssm::formats

@@ -14,6 +14,8 @@ ConventionalDecoder::ConventionalDecoder(const HeadGroupShape& shape, const Prec
         fmt::format("ConventionalDecoder needs a conventional policy, got '{}'", policy.to_string()));
   check_state_format(policy.recur, shape.dv, shape.dk);
   state_.assign(static_cast<std::size_t>(shape.n_value_heads), StateMatrix::Zero(shape.dv, shape.dk));
+  residual_.assign(static_cast<std::size_t>(shape.n_value_heads),
+                   error_feedback_residual(policy.recur, shape.dv, shape.dk));
 }
 
 void ConventionalDecoder::step(const GroupToken& x, float* out) {
@@ -31,8 +33,8 @@ void ConventionalDecoder::step(const GroupToken& x, float* out) {
     plain_step(shape_.kind, S, a_, beta, v_, k_, u_, scratch_);  // read S_{t-1}, update
     state_output(S, q_, o_);                                     // o_t = S_t q_t (float32 state)
     Eigen::Map<Vector>(out + static_cast<std::ptrdiff_t>(g) * shape_.dv, shape_.dv) = o_;
-    quantize_state(S, policy_.recur, policy_.seed, id_, g, CheckpointCopy::recur,
-                   static_cast<uint64_t>(steps_));  // write S_t back in its format
+    quantize_state(S, policy_.recur, policy_.seed, id_, g, CheckpointCopy::recur, static_cast<uint64_t>(steps_),
+                   residual_[static_cast<std::size_t>(g)]);  // write S_t back in its format
   }
   ++steps_;
 }

@@ -28,6 +28,7 @@ class ConventionalDecoder final : public HeadGroupDecoder {
   HeadGroupId id_;
   int64_t steps_ = 0;
   std::vector<StateMatrix> state_;
+  std::vector<StateMatrix> residual_;  // error feedback (+ef): what the last write of each state dropped
   Vector a_, v_, k_, q_, u_, o_;
   StepScratch scratch_;
 };

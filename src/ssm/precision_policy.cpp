@@ -3,7 +3,7 @@
 //   body    := fmt ['@1']            (conv; conventional decode is window 1)
 //            | fmt '@' L             (shared)
 //            | fmt '/' fmt '@' L     (split: read format, then recurrence format)
-//   fmt     := format ['+' ('rtn' | 'sr')]        format: fp32 fp16 bf16 e4m3 e2m1 fp8b128 (fp8) nvfp4
+//   fmt     := format ['+' ('rtn' | 'sr' | 'ef')]   format: fp32 fp16 bf16 e4m3 e2m1 fp8b128 (fp8) nvfp4
 // A spec (parse_policy_spec) may omit '@L' for shared and split as well.
 // fp32 takes no rounding. Omitted rounding: rtn, except the recurrence format of a split
 // policy, which defaults to sr. Canonical form (to_string): every non-fp32 format carries its
@@ -23,7 +23,7 @@ namespace {
 [[noreturn]] void fail(std::string_view text, const std::string& what) {
   throw std::invalid_argument(fmt::format(
       "invalid precision policy '{}': {} (expected e.g. 'conv:fp32', 'shared:nvfp4+sr@16', "
-      "'split:nvfp4+rtn/fp16+sr@16', optionally followed by ',seed=N')",
+      "'split:nvfp4+rtn/fp16+sr@16', 'conv:fp16+ef', optionally followed by ',seed=N')",
       text, what));
 }
 
@@ -188,6 +188,11 @@ bool PrecisionPolicy::is_fp32_exact() const {
   const bool recur32 = recur.format == formats::StorageFormat::fp32;
   if (scheme == DecodeScheme::split) return recur32 && read.format == formats::StorageFormat::fp32;
   return recur32;
+}
+
+bool PrecisionPolicy::uses_rounding(formats::Rounding r) const {
+  const auto rounds = [r](const StateFormat& f) { return f.format != formats::StorageFormat::fp32 && f.rounding == r; };
+  return rounds(recur) || (scheme == DecodeScheme::split && rounds(read));
 }
 
 }  // namespace replayssm::ssm

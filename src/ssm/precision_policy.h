@@ -9,6 +9,7 @@
 //   conv:fp32                   conv:fp16+sr            conv:nvfp4+rtn
 //   shared:nvfp4+sr@16          shared:fp32@16
 //   split:nvfp4+rtn/fp32@16     split:nvfp4/fp16+sr@16  (read format first, then recurrence format)
+//   conv:fp16+ef                split:nvfp4+ef/fp32@16  (error feedback, formats/quantized_matrix.h)
 //   any of them may end in ",seed=N" (default seed 0).
 // Rounding defaults when omitted: rtn, except a split policy's recurrence format, which defaults
 // to sr (the paper's configuration); fp32 takes no rounding.
@@ -46,6 +47,8 @@ struct PrecisionPolicy {
   std::string to_string() const;
   // True when the policy is exact FP32 (conv:fp32, shared:fp32@L, split:fp32/fp32@L).
   bool is_fp32_exact() const;
+  // True when a copy the policy stores below FP32 rounds by `r` (split: either copy).
+  bool uses_rounding(formats::Rounding r) const;
 };
 
 // A policy as written, before a sweep fills in what was left out.

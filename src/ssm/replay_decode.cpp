@@ -129,6 +129,8 @@ ReplayDecoderBase::ReplayDecoderBase(const HeadGroupShape& shape, const Precisio
   const std::size_t G = static_cast<std::size_t>(shape.n_value_heads);
   recur_.assign(G, StateMatrix::Zero(shape.dv, shape.dk));
   if (split()) read_.assign(G, StateMatrix::Zero(shape.dv, shape.dk));
+  recur_residual_.assign(G, error_feedback_residual(policy.recur, shape.dv, shape.dk));
+  if (split()) read_residual_.assign(G, error_feedback_residual(policy.read, shape.dv, shape.dk));
   const int C = ring_.capacity();
   K_.resize(C, shape.dk);
   Q_.resize(options.max_draft, shape.dk);
@@ -146,11 +148,13 @@ void ReplayDecoderBase::write_checkpoints(int g, const StateMatrix& S) {
   if (split()) {  // Algorithm 3: S_ckpt^LP <- Q_LP(S) (RTN), S_ckpt^HP <- Q_HP(S)
     StateMatrix& lp = read_[static_cast<std::size_t>(g)];
     lp = S;
-    quantize_state(lp, policy_.read, policy_.seed, id_, g, CheckpointCopy::read, event);
+    quantize_state(lp, policy_.read, policy_.seed, id_, g, CheckpointCopy::read, event,
+                   read_residual_[static_cast<std::size_t>(g)]);
   }
   StateMatrix& ckpt = recur_[static_cast<std::size_t>(g)];
   ckpt = S;
-  quantize_state(ckpt, policy_.recur, policy_.seed, id_, g, CheckpointCopy::recur, event);
+  quantize_state(ckpt, policy_.recur, policy_.seed, id_, g, CheckpointCopy::recur, event,
+                 recur_residual_[static_cast<std::size_t>(g)]);
 }
 
 void ReplayDecoderBase::step(const GroupToken& x, float* out) {

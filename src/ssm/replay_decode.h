@@ -144,6 +144,7 @@ class ReplayDecoderBase : public HeadGroupDecoder {
   ReplayDecoderOptions options_;
   std::vector<StateMatrix> recur_;  // shared: the checkpoint; split: S_ckpt^HP
   std::vector<StateMatrix> read_;   // split: S_ckpt^LP
+  std::vector<StateMatrix> recur_residual_, read_residual_;  // error feedback (+ef) of each copy
   RecordRing ring_;
   int h_ = 0, pending_ = 0;
   int64_t flushes_ = 0, tokens_ = 0;

@@ -84,6 +84,8 @@ class HeadEmulator {
     const int w = decay_width(in.kind, in.dk);
     S_ = StateMatrix::Zero(in.dv, in.dk);
     if (policy.scheme == DecodeScheme::split) S_recur_ = StateMatrix::Zero(in.dv, in.dk);
+    E_recur_ = error_feedback_residual(policy.recur, in.dv, in.dk);
+    if (policy.scheme == DecodeScheme::split) E_read_ = error_feedback_residual(policy.read, in.dv, in.dk);
     a_.resize(w);
     v_.resize(in.dv);
     k_.resize(in.dk);
@@ -107,7 +109,7 @@ class HeadEmulator {
         case DecodeScheme::conventional:
           plain_step(in_.kind, S_, a_, beta, v_, k_, u_, scratch_);
           state_output(S_, q_, o_);
-          quantize_state(S_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event);
+          quantize_state(S_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event, E_recur_);
           notify(t, S_, nullptr);
           ++event;
           break;
@@ -115,7 +117,7 @@ class HeadEmulator {
           plain_step(in_.kind, S_, a_, beta, v_, k_, u_, scratch_);  // S_run (GDN: u from S_run)
           state_output(S_, q_, o_);
           if (++h == L) {  // flush: the checkpoint is Q(S_run); the next window starts from it
-            quantize_state(S_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event);
+            quantize_state(S_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event, E_recur_);
             notify(t, S_, nullptr);
             ++event;
             h = 0;
@@ -130,8 +132,8 @@ class HeadEmulator {
             plain_step(in_.kind, S_recur_, a_, beta, v_, k_, u_, scratch_);
             state_output(S_recur_, q_, o_);
             S_ = S_recur_;
-            quantize_state(S_, policy_.read, policy_.seed, id_, g_, CheckpointCopy::read, event);
-            quantize_state(S_recur_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event);
+            quantize_state(S_, policy_.read, policy_.seed, id_, g_, CheckpointCopy::read, event, E_read_);
+            quantize_state(S_recur_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event, E_recur_);
             notify(t, S_recur_, &S_);
             ++event;
             h = 0;
@@ -155,6 +157,7 @@ class HeadEmulator {
   const EmulatorOptions& options_;
   StateMatrix S_;     // conventional: the stored state; shared: S_run; split: the LP running state
   StateMatrix S_recur_;  // split: the recur (HP) running state
+  StateMatrix E_recur_, E_read_;  // error-feedback residuals of the two copies (empty unless +ef)
   Vector a_, v_, k_, q_, u_, o_;
   StepScratch scratch_;
 };

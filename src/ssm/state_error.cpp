@@ -37,8 +37,7 @@ double coherent(double var, double bias, double g1) {
 
 }  // namespace
 
-std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, const PrecisionPolicy& policy,
-                                                HeadGroupId id) {
+void check_state_error_policy(const PrecisionPolicy& policy) {
   if (policy.scheme == DecodeScheme::conventional)
     throw std::invalid_argument(fmt::format("state error: policy {} is conventional; give a shared or split policy "
                                             "(the stored checkpoint's error is measured at flushes)",
@@ -46,6 +45,16 @@ std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, co
   if (policy.is_fp32_exact())
     throw std::invalid_argument(fmt::format("state error: policy {} stores FP32: there is no error to measure",
                                             policy.to_string()));
+  if (policy.uses_rounding(formats::Rounding::ef))
+    throw std::invalid_argument(fmt::format(
+        "state error: policy {} rounds by error feedback (+ef), which the appendix C.6 model (one RTN or SR rounding "
+        "of the exact state per flush) does not describe; use +rtn or +sr",
+        policy.to_string()));
+}
+
+std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, const PrecisionPolicy& policy,
+                                                HeadGroupId id) {
+  check_state_error_policy(policy);
   const int L = policy.window, G = seq.n_value_heads;
   const int64_t n = seq.n_tokens, events = n / L;
   if (events < 2)

@@ -52,9 +52,13 @@ struct HeadStateError {
   double realized_bias = 0.0, realized_var = 0.0, realized_cross = 0.0, realized_predicted_ms = 0.0;
 };
 
-// One entry per value head of the group. Throws std::invalid_argument for a conventional policy
-// (its error model is per token; not measured here), an FP32-exact policy, or a sequence shorter
-// than two windows; otherwise the checks of emulate_sequence.
+// std::invalid_argument for a policy this measurement does not cover: conventional (its error
+// model is per token), FP32-exact (no error), or error feedback (+ef: the model's one rounding of
+// the exact state is no rounding ef makes; its stored error is bounded by the residual instead).
+void check_state_error_policy(const PrecisionPolicy& policy);
+
+// One entry per value head of the group. Throws as check_state_error_policy, and for a sequence
+// shorter than two windows; otherwise the checks of emulate_sequence.
 std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, const PrecisionPolicy& policy,
                                                 HeadGroupId id);
 

@@ -114,4 +114,26 @@ void quantize_state(StateMatrix& S, const StateFormat& f, formats::SrKey key) {
   }
 }
 
+StateMatrix error_feedback_residual(const StateFormat& f, int dv, int dk) {
+  if (f.rounding != formats::Rounding::ef) return StateMatrix();
+  return StateMatrix::Zero(dv, dk);
+}
+
+void quantize_state(StateMatrix& S, const StateFormat& f, uint64_t seed, HeadGroupId id, int value_head,
+                    CheckpointCopy copy, uint64_t event, StateMatrix& residual) {
+  if (f.format == StorageFormat::fp32) return;
+  if (f.rounding != formats::Rounding::ef) {
+    quantize_state(S, f, formats::SrKey{seed, sr_stream(id, value_head, copy, event)});
+    return;
+  }
+  if (residual.rows() != S.rows() || residual.cols() != S.cols())
+    throw std::logic_error(fmt::format("quantize_state: error-feedback residual is {}x{}, the state {}x{}",
+                                       residual.rows(), residual.cols(), S.rows(), S.cols()));
+  // y = S + E; S <- Q_rtn(y); E <- y - S (formats::fake_quantize_with_error_feedback, fused).
+  residual.array() += S.array();
+  S = residual;
+  quantize_state(S, StateFormat{f.format, formats::Rounding::rtn}, formats::SrKey{});
+  residual.array() -= S.array();
+}
+
 }  // namespace replayssm::ssm

@@ -46,9 +46,20 @@ void check_state_format(const StateFormat& f, int dv, int dk);
 // S <- dequantize(quantize(S)) in place, bit-identical to formats::fake_quantize_matrix(S.data(),
 // dv, dk, f.format, f.rounding, key) (tests/ssm/test_state_quantizer.cpp), but fused and without
 // allocating, since the emulator quantizes once per token under conventional policies.
+// Rounding rtn or sr; ef throws std::invalid_argument (it needs the residual: the overload below).
 void quantize_state(StateMatrix& S, const StateFormat& f, formats::SrKey key);
 
-// Same, for the checkpoint copy `copy` of value head `value_head` at quantization event `event`.
+// Error feedback's residual of one stored copy (formats::fake_quantize_with_error_feedback): a
+// dv x dk zero matrix when `f` rounds by ef, else empty (0 x 0, nothing is carried).
+StateMatrix error_feedback_residual(const StateFormat& f, int dv, int dk);
+
+// The checkpoint copy `copy` of value head `value_head` at quantization event `event`, stored in
+// `f`. `residual` (from error_feedback_residual) is that copy's error-feedback residual: read and
+// updated under ef, untouched otherwise. Bit-identical to fake_quantize_with_error_feedback.
+void quantize_state(StateMatrix& S, const StateFormat& f, uint64_t seed, HeadGroupId id, int value_head,
+                    CheckpointCopy copy, uint64_t event, StateMatrix& residual);
+
+// Same, for rtn and sr only (ef throws std::invalid_argument: no residual is given).
 inline void quantize_state(StateMatrix& S, const StateFormat& f, uint64_t seed, HeadGroupId id, int value_head,
                            CheckpointCopy copy, uint64_t event) {
   if (f.format == formats::StorageFormat::fp32) return;

@@ -116,5 +116,5 @@ TEST_CASE("format and rounding names parse, bad names name the choices") {
   CHECK(parse_storage_format("nvfp4") == StorageFormat::nvfp4);
   CHECK(parse_storage_format("fp8") == StorageFormat::fp8b128);
   CHECK_THROWS_WITH_AS(parse_storage_format("fp6"), doctest::Contains("expected one of"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(parse_rounding("up"), doctest::Contains("expected rtn or sr"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_rounding("up"), doctest::Contains("expected rtn, sr or ef"), std::invalid_argument);
 }

@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import tomllib
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, replayssm_binary
@@ -344,3 +345,28 @@ def test_device_and_compute_that_cannot_be_honoured_are_refused(tmp_path, text_d
     r = run(base + ["--out", str(tmp_path / "c.h5"), "--compute", "bf16x3"])
     refused(r, "--compute bf16x3: the CPU computes in FP32 only; --device auto chose the CPU: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == [text_dir.name]  # no result, lock or work folder
+
+
+def test_error_feedback_policies_run_on_the_cpu_and_are_recorded(tmp_path, text_dir):
+    """'+ef' (error feedback) reaches the model: a sweep with it differs from the same policy with
+    RTN, stays finite, records error_feedback in each configuration's JSON, and --device auto says
+    it computed on the CPU (the GPU scan kernels refuse ef; on a GPU machine auto falls back)."""
+    h5py = pytest.importorskip("h5py")
+    import json
+    out = tmp_path / "ef.h5"
+    r = run([MODEL, "--text-dir", str(text_dir), "--length", "64", "--policies",
+             "conv:bf16+ef,conv:bf16+rtn,shared:nvfp4+ef@4,split:nvfp4+ef/fp32@4", "--threads", "1",
+             "--progress", "off", "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    assert "kl-sweep: device: cpu" in r.stderr
+    if gpu_present():
+        assert "error feedback (+ef)" in r.stderr  # auto's reason for the CPU
+    with h5py.File(out, "r") as f:
+        cfg = f["configs"]
+        ef, rtn = cfg["conv:bf16+ef"]["kl"][:], cfg["conv:bf16+rtn"]["kl"][:]
+        assert np.isfinite(ef).all() and (ef >= 0).all() and ef.max() > 0
+        assert not np.array_equal(ef, rtn)
+        for name in ["conv:bf16+ef", "shared:nvfp4+ef@4", "split:nvfp4+ef|fp32@4"]:
+            meta = json.loads(cfg[name].attrs["config"])
+            assert meta["error_feedback"] is True and meta["stochastic_rounding"] is False, (name, meta)
+        assert json.loads(cfg["conv:bf16+rtn"].attrs["config"])["error_feedback"] is False

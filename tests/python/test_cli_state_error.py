@@ -77,3 +77,11 @@ def test_plot_says_why_the_realized_panel_is_empty():
         notes = [t.get_text() for t in cx.texts]
         assert (len(cx.collections) > 0) == realized
         assert any("not measured" in t for t in notes) == (not realized)
+
+
+def test_error_feedback_is_refused_before_any_work(text_dir, tmp_path):
+    r = run("state-error", MODEL, "--text-dir", text_dir, "--length", 64, "--json", tmp_path / "ef.json",
+            "--policies", "shared:nvfp4+ef@16")
+    assert r.returncode == 2, r.stderr
+    assert "error feedback (+ef)" in r.stderr and "use +rtn or +sr" in r.stderr
+    assert not (tmp_path / "ef.json").exists()

@@ -70,7 +70,8 @@ int64_t compare_checkpoints(HeadGroupDecoder& dec, const GroupData& d, const Sna
 TEST_CASE("emulator == literal decoders under quantized policies: bit-identical checkpoints") {
   const char* policies[] = {"shared:nvfp4+rtn@16,seed=11", "shared:fp16+sr@16,seed=12", "split:nvfp4+rtn/fp32@16",
                             "split:nvfp4+rtn/fp16+sr@16,seed=13", "conv:fp8b128+sr,seed=14",
-                            "shared:nvfp4+sr@5,seed=15", "split:fp8b128+rtn/fp8b128+sr@8,seed=16"};
+                            "shared:nvfp4+sr@5,seed=15", "split:fp8b128+rtn/fp8b128+sr@8,seed=16",
+                            "conv:bf16+ef", "shared:nvfp4+ef@16", "split:nvfp4+ef/fp16+ef@8"};
   uint64_t case_seed = test::kBaseSeed * 1000 + 500;
   const HeadGroupId id{3, 5};
   std::printf("\n[emulator vs literal decoders, quantized] outputs: max per-token/rms relative difference\n");
@@ -118,7 +119,11 @@ TEST_CASE("emulator == literal decoders under quantized policies: bit-identical 
           CHECK_CLOSE(compare_close(out, emu, relative_to_rms(1e-5, emu), "output-only vs emulator"));
         } else {
           INFO("output-only shared GDN/KDA: " << mismatches << " checkpoint mismatches");
-          CHECK(e <= 1e-3);  // a statistical bound on the run, explained above; see also the FP32 long-run test
+          // A statistical bound on the run, explained above; see also the FP32 long-run test. Under
+          // error feedback a code flipped by those ulps is carried by the residual into every later
+          // write, so the two runs stay a fraction of an NVFP4 step (1/6 of a block's largest value)
+          // apart instead of re-converging.
+          CHECK(e <= (p.uses_rounding(formats::Rounding::ef) ? 0.1 : 1e-3));
         }
       }
     }
