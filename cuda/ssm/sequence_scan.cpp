@@ -15,6 +15,10 @@ std::string scan_unsupported_reason(const ssm::PrecisionPolicy& policy) {
     return fmt::format("policy {} rounds by error feedback (+ef), which the GPU scan kernels do not implement yet "
                        "(the CPU reference does)",
                        policy.to_string());
+  if (policy.skip.mode != ssm::CheckpointSkip::Mode::off)
+    return fmt::format("policy {} skips checkpoint reads (appendix F), which the GPU scan kernels do not implement "
+                       "yet (the CPU reference does)",
+                       policy.to_string());
   return {};
 }
 

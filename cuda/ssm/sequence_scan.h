@@ -35,8 +35,8 @@ struct ScanCheckpoints {
   int64_t events = 0;       // events per head the buffers hold; must equal quantization_events
 };
 
-// Why the scan kernels cannot run `policy` (empty when they can): error feedback (+ef) has no GPU
-// scan yet. The sweep engine asks before any work, so --device auto falls back to the CPU and
+// Why the scan kernels cannot run `policy` (empty when they can): error feedback (+ef) and
+// checkpoint-read skipping (,skip=) have no GPU scan yet. The sweep engine asks before any work, so --device auto falls back to the CPU and
 // --device cuda refuses.
 std::string scan_unsupported_reason(const ssm::PrecisionPolicy& policy);
 

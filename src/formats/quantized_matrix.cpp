@@ -66,6 +66,19 @@ int element_bits(StorageFormat f) {
   return 32;
 }
 
+float unit_roundoff(StorageFormat f) {
+  switch (f) {
+    case StorageFormat::fp32: return 0x1p-24f;
+    case StorageFormat::fp16: return 0x1p-11f;
+    case StorageFormat::bf16: return 0x1p-8f;
+    case StorageFormat::e4m3:
+    case StorageFormat::fp8b128: return 0x1p-4f;
+    case StorageFormat::e2m1:
+    case StorageFormat::nvfp4: return 0x1p-2f;
+  }
+  return 0x1p-24f;
+}
+
 std::size_t storage_bytes(StorageFormat f, std::size_t rows, std::size_t cols) {
   const std::size_t n = rows * cols;
   const std::size_t codes = n * element_bits(f) / 8;

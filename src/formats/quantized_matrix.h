@@ -45,6 +45,10 @@ Rounding parse_rounding(std::string_view text);
 int block_size(StorageFormat f);
 // Bits per stored element, scales excluded.
 int element_bits(StorageFormat f);
+// Unit roundoff u = 2^-p (p significand bits, the implicit one included) of the element format:
+// the largest relative error of one RTN rounding of a normal value. fp32 2^-24, fp16 2^-11, bf16
+// 2^-8, e4m3 and fp8b128 2^-4, e2m1 and nvfp4 2^-2.
+float unit_roundoff(StorageFormat f);
 // Bytes of a rows x cols matrix in this format, scales included.
 std::size_t storage_bytes(StorageFormat f, std::size_t rows, std::size_t cols);
 

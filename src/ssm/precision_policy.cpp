@@ -1,8 +1,9 @@
 // PrecisionPolicy text form. Grammar (whitespace around the whole text is ignored):
-//   policy  := scheme ':' body [',seed=' N]
+//   policy  := scheme ':' body options
 //   body    := fmt ['@1']            (conv; conventional decode is window 1)
 //            | fmt '@' L             (shared)
 //            | fmt '/' fmt '@' L     (split: read format, then recurrence format)
+//   options := (',seed=' N | ',skip=' ('auto' | T))*   each at most once; skip not for conv
 //   fmt     := format ['+' ('rtn' | 'sr' | 'ef')]   format: fp32 fp16 bf16 e4m3 e2m1 fp8b128 (fp8) nvfp4
 // A spec (parse_policy_spec) may omit '@L' for shared and split as well.
 // fp32 takes no rounding. Omitted rounding: rtn, except the recurrence format of a split
@@ -69,6 +70,21 @@ StateFormat parse_format(std::string_view text, std::string_view spec, formats::
   return f;
 }
 
+CheckpointSkip parse_skip(std::string_view text, std::string_view value) {
+  CheckpointSkip skip;
+  if (value == "auto") {
+    skip.mode = CheckpointSkip::Mode::automatic;
+    return skip;
+  }
+  float t = 0.0f;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), t);
+  if (value.empty() || ec != std::errc() || end != value.data() + value.size() || !(t > 0.0f && t < 1.0f))
+    fail(text, fmt::format("skip must be 'auto' or a decay threshold T with 0 < T < 1, got '{}'", value));
+  skip.mode = CheckpointSkip::Mode::fixed;
+  skip.threshold = t;
+  return skip;
+}
+
 int parse_window(std::string_view text, std::string_view digits) {
   uint64_t L = 0;
   if (!parse_unsigned(digits, L))
@@ -96,6 +112,7 @@ PolicySpec parse_policy_spec(std::string_view raw) {
   // Options after the first ','.
   std::string_view main = text;
   const std::size_t comma = text.find(',');
+  bool have_skip = false;
   if (comma != std::string_view::npos) {
     main = text.substr(0, comma);
     std::string_view rest = text.substr(comma + 1);
@@ -105,13 +122,19 @@ PolicySpec parse_policy_spec(std::string_view raw) {
       const std::string_view option = rest.substr(0, next);
       const std::size_t eq = option.find('=');
       const std::string_view key = option.substr(0, eq);
-      if (key != "seed" || eq == std::string_view::npos)
-        fail(text, fmt::format("unknown option '{}' after ',': only 'seed=N' is accepted", option));
-      if (have_seed) fail(text, "'seed' given twice");
-      const std::string_view value = option.substr(eq + 1);
-      if (!parse_unsigned(value, p.seed))
-        fail(text, fmt::format("seed must be an unsigned 64-bit decimal integer, got '{}'", value));
-      have_seed = spec.seed_given = true;
+      const std::string_view value = eq == std::string_view::npos ? std::string_view{} : option.substr(eq + 1);
+      if (eq == std::string_view::npos || (key != "seed" && key != "skip"))
+        fail(text, fmt::format("unknown option '{}' after ',': 'seed=N' and 'skip=auto|T' are accepted", option));
+      if (key == "seed") {
+        if (have_seed) fail(text, "'seed' given twice");
+        if (!parse_unsigned(value, p.seed))
+          fail(text, fmt::format("seed must be an unsigned 64-bit decimal integer, got '{}'", value));
+        have_seed = spec.seed_given = true;
+      } else {
+        if (have_skip) fail(text, "'skip' given twice");
+        p.skip = parse_skip(text, value);
+        have_skip = true;
+      }
       if (next == std::string_view::npos) break;
       rest = rest.substr(next + 1);
     }
@@ -141,6 +164,9 @@ PolicySpec parse_policy_spec(std::string_view raw) {
     if (p.scheme == DecodeScheme::conventional && p.window != 1)
       fail(text, fmt::format("conventional decode is window 1 by definition, got '@{}'", window));
   }
+
+  if (have_skip && p.scheme == DecodeScheme::conventional)
+    fail(text, "'skip' is for shared and split policies: conventional decode reads its state every step by definition");
 
   const std::size_t slash = formats_part.find('/');
   if (p.scheme == DecodeScheme::split) {
@@ -181,10 +207,22 @@ std::string PrecisionPolicy::to_string() const {
       break;
   }
   if (seed != 0) s += fmt::format(",seed={}", seed);
+  if (skip.mode == CheckpointSkip::Mode::automatic) s += ",skip=auto";
+  if (skip.mode == CheckpointSkip::Mode::fixed) s += fmt::format(",skip={}", skip.threshold);  // shortest round trip
   return s;
 }
 
+float CheckpointSkip::threshold_for(const StateFormat& f) const {
+  switch (mode) {
+    case Mode::off: return 0.0f;
+    case Mode::automatic: return formats::unit_roundoff(f.format);
+    case Mode::fixed: return threshold;
+  }
+  return 0.0f;
+}
+
 bool PrecisionPolicy::is_fp32_exact() const {
+  if (skip.mode != CheckpointSkip::Mode::off) return false;  // a skipped read drops gamma_h S_ckpt
   const bool recur32 = recur.format == formats::StorageFormat::fp32;
   if (scheme == DecodeScheme::split) return recur32 && read.format == formats::StorageFormat::fp32;
   return recur32;

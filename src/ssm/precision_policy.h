@@ -10,7 +10,8 @@
 //   shared:nvfp4+sr@16          shared:fp32@16
 //   split:nvfp4+rtn/fp32@16     split:nvfp4/fp16+sr@16  (read format first, then recurrence format)
 //   conv:fp16+ef                split:nvfp4+ef/fp32@16  (error feedback, formats/quantized_matrix.h)
-//   any of them may end in ",seed=N" (default seed 0).
+//   any of them may end in ",seed=N" (default seed 0); shared and split ones in ",skip=auto" or
+//   ",skip=T" (appendix F: CheckpointSkip below), in either order (canonical: seed first).
 // Rounding defaults when omitted: rtn, except a split policy's recurrence format, which defaults
 // to sr (the paper's configuration); fp32 takes no rounding.
 // A policy *spec* (parse_policy_spec) is the same text with '@L' optional for shared and split too:
@@ -34,18 +35,36 @@ struct StateFormat {
   bool operator==(const StateFormat&) const = default;
 };
 
+// Appendix F, decay-based checkpoint-read skipping. gamma_h = a_1 ... a_h, the decay a window's
+// first h tokens apply to the checkpoint (KDA: the largest over key channels), is computed as a
+// float32 running product from the window's start. A step whose gamma_h is below the threshold of
+// the copy it would read replays from a zero state instead (the checkpoint is not read); a flush
+// whose gamma_L is below the recur copy's threshold becomes a pure write. Dropping gamma_h S_ckpt
+// moves the replayed state by at most gamma_h |S_ckpt| (the delta rule's (I - b k k^T) have norm
+// <= 1), so below the copy's unit roundoff u (formats::unit_roundoff) it costs at most one
+// rounding of that copy at the state's own scale: the threshold `auto` uses.
+struct CheckpointSkip {
+  enum class Mode : uint8_t { off, automatic, fixed };
+  Mode mode = Mode::off;
+  float threshold = 0.0f;  // fixed: in (0, 1)
+  bool operator==(const CheckpointSkip&) const = default;
+  // The gamma below which a step reading a copy stored in `f` skips it (0: never).
+  float threshold_for(const StateFormat& f) const;
+};
+
 struct PrecisionPolicy {
   DecodeScheme scheme = DecodeScheme::conventional;
   StateFormat recur;    // the copy that carries the recurrence (conventional: the only copy)
   StateFormat read;     // split only: the low-precision copy read by non-flush steps
   int window = 1;       // L; conventional decode is window 1 by definition
   uint64_t seed = 0;    // stochastic-rounding seed
+  CheckpointSkip skip;  // shared and split only
   bool operator==(const PrecisionPolicy&) const = default;
 
   // Throws std::invalid_argument quoting the text and saying what was expected.
   static PrecisionPolicy parse(std::string_view text);
   std::string to_string() const;
-  // True when the policy is exact FP32 (conv:fp32, shared:fp32@L, split:fp32/fp32@L).
+  // True when the policy is exact FP32 (conv:fp32, shared:fp32@L, split:fp32/fp32@L; no skip).
   bool is_fp32_exact() const;
   // True when a copy the policy stores below FP32 rounds by `r` (split: either copy).
   bool uses_rounding(formats::Rounding r) const;

@@ -126,6 +126,11 @@ ReplayDecoderBase::ReplayDecoderBase(const HeadGroupShape& shape, const Precisio
       ring_((check_shape(shape), shape), ring_capacity_for(policy, options)) {
   check_state_format(policy.recur, shape.dv, shape.dk);
   if (split()) check_state_format(policy.read, shape.dv, shape.dk);
+  if (policy.skip.mode != CheckpointSkip::Mode::off)
+    throw std::invalid_argument(fmt::format(
+        "ReplayDecoder: policy {} skips checkpoint reads (appendix F), which the sequence emulator implements and "
+        "the literal decoders do not yet",
+        policy.to_string()));
   const std::size_t G = static_cast<std::size_t>(shape.n_value_heads);
   recur_.assign(G, StateMatrix::Zero(shape.dv, shape.dk));
   if (split()) read_.assign(G, StateMatrix::Zero(shape.dv, shape.dk));

@@ -23,6 +23,11 @@ void check_policy_for_sequence(const char* who, const PrecisionPolicy& policy, i
   if (policy.window < 1) throw std::invalid_argument(fmt::format("{}: window L = {} < 1", who, policy.window));
   if (policy.scheme == DecodeScheme::conventional && policy.window != 1)
     throw std::invalid_argument(fmt::format("{}: conventional decode is window 1, got {}", who, policy.window));
+  if (policy.scheme == DecodeScheme::conventional && policy.skip.mode != CheckpointSkip::Mode::off)
+    throw std::invalid_argument(fmt::format("{}: conventional decode has no checkpoint read to skip", who));
+  if (policy.skip.mode == CheckpointSkip::Mode::fixed && !(policy.skip.threshold > 0.0f && policy.skip.threshold < 1.0f))
+    throw std::invalid_argument(
+        fmt::format("{}: skip threshold {} is outside (0, 1)", who, policy.skip.threshold));
   check_state_format(policy.recur, dv, dk);
   if (policy.scheme == DecodeScheme::split) check_state_format(policy.read, dv, dk);
   const uint64_t events = quantization_events(policy, n_tokens);
@@ -86,6 +91,10 @@ class HeadEmulator {
     if (policy.scheme == DecodeScheme::split) S_recur_ = StateMatrix::Zero(in.dv, in.dk);
     E_recur_ = error_feedback_residual(policy.recur, in.dv, in.dk);
     if (policy.scheme == DecodeScheme::split) E_read_ = error_feedback_residual(policy.read, in.dv, in.dk);
+    if (policy.skip.mode != CheckpointSkip::Mode::off) {
+      W_ = StateMatrix::Zero(in.dv, in.dk);
+      gamma_ = Vector::Ones(w);
+    }
     a_.resize(w);
     v_.resize(in.dv);
     k_.resize(in.dk);
@@ -113,23 +122,30 @@ class HeadEmulator {
           notify(t, S_, nullptr);
           ++event;
           break;
-        case DecodeScheme::shared:
+        case DecodeScheme::shared: {
           plain_step(in_.kind, S_, a_, beta, v_, k_, u_, scratch_);  // S_run (GDN: u from S_run)
-          state_output(S_, q_, o_);
-          if (++h == L) {  // flush: the checkpoint is Q(S_run); the next window starts from it
+          const bool flush = ++h == L;
+          const bool skip = skip_read(beta, flush, policy_.recur, policy_.recur);
+          state_output(skip ? W_ : S_, q_, o_);
+          if (flush) {  // the checkpoint is Q(S_run) (skipped: Q(W)); the next window starts from it
+            if (skip) S_ = W_;
             quantize_state(S_, policy_.recur, policy_.seed, id_, g_, CheckpointCopy::recur, event, E_recur_);
             notify(t, S_, nullptr);
             ++event;
             h = 0;
+            start_window();
           }
           break;
+        }
         case DecodeScheme::split:
           if (++h < L) {  // non-flush: output from the LP running state; the HP one keeps pace
             plain_step(in_.kind, S_, a_, beta, v_, k_, u_, scratch_);
-            state_output(S_, q_, o_);
+            const bool skip = skip_read(beta, false, policy_.read, policy_.recur);
+            state_output(skip ? W_ : S_, q_, o_);
             plain_step(in_.kind, S_recur_, a_, beta, v_, k_, u_, scratch_);
           } else {  // flush: output and both new checkpoints from the recur (HP) running state
             plain_step(in_.kind, S_recur_, a_, beta, v_, k_, u_, scratch_);
+            if (skip_read(beta, true, policy_.read, policy_.recur)) S_recur_ = W_;  // a pure write
             state_output(S_recur_, q_, o_);
             S_ = S_recur_;
             quantize_state(S_, policy_.read, policy_.seed, id_, g_, CheckpointCopy::read, event, E_read_);
@@ -137,14 +153,38 @@ class HeadEmulator {
             notify(t, S_recur_, &S_);
             ++event;
             h = 0;
+            start_window();
           }
           break;
       }
       Eigen::Map<Vector>(out_ + static_cast<std::ptrdiff_t>(t) * in_.dv, in_.dv) = o_;
     }
+    if (skipping() && options_.on_skip_counts) options_.on_skip_counts(g_, counts_);
   }
 
  private:
+  bool skipping() const { return policy_.skip.mode != CheckpointSkip::Mode::off; }
+
+  // Appendix F: steps W = REPLAY(0, B[1:h]) and gamma_h by this token, then says whether this
+  // step skips the checkpoint read: non-flush steps read `read` (split: the LP copy), flushes
+  // `recur`. Counts the decision. False, and nothing stepped, without ',skip='.
+  bool skip_read(float beta, bool flush, const StateFormat& read, const StateFormat& recur) {
+    if (!skipping()) return false;
+    plain_step(in_.kind, W_, a_, beta, v_, k_, u_, scratch_);  // GDN/KDA: u from W
+    gamma_ = gamma_.cwiseProduct(a_);                          // float32, in token order
+    const float threshold = policy_.skip.threshold_for(flush ? recur : read);
+    const bool skip = gamma_.maxCoeff() < threshold;
+    (flush ? counts_.flushes : counts_.steps) += 1;
+    (flush ? counts_.flushes_skipped : counts_.steps_skipped) += skip;
+    return skip;
+  }
+
+  void start_window() {
+    if (!skipping()) return;
+    W_.setZero();
+    gamma_.setOnes();
+  }
+
   void notify(int t, const StateMatrix& recur, const StateMatrix* read) {
     if (options_.on_checkpoint) options_.on_checkpoint(g_, t, recur.data(), read ? read->data() : nullptr);
   }
@@ -158,6 +198,9 @@ class HeadEmulator {
   StateMatrix S_;     // conventional: the stored state; shared: S_run; split: the LP running state
   StateMatrix S_recur_;  // split: the recur (HP) running state
   StateMatrix E_recur_, E_read_;  // error-feedback residuals of the two copies (empty unless +ef)
+  StateMatrix W_;                 // ,skip=: REPLAY(0, B[1:h]), the window's own contribution
+  Vector gamma_;                  // ,skip=: the window's decay so far, per decay channel
+  SkipCounts counts_;
   Vector a_, v_, k_, q_, u_, o_;
   StepScratch scratch_;
 };
@@ -188,7 +231,7 @@ void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy
   int threads = options.max_threads > 0 ? options.max_threads
                                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads = std::min(threads, G);
-  if (options.on_checkpoint || work < 1e6) threads = 1;
+  if (options.on_checkpoint || options.on_skip_counts || work < 1e6) threads = 1;
   run_tasks(G, threads, run_head);
 }
 
@@ -277,6 +320,8 @@ void emulate_layer_sequence(const LayerSequence& seq, const PrecisionPolicy& pol
       group_options.on_checkpoint = [&](int g, int64_t token, const float* recur, const float* read) {
         options.on_checkpoint(key_head * G + g, token, recur, read);
       };
+    if (options.on_skip_counts)
+      group_options.on_skip_counts = [&](int g, const SkipCounts& c) { options.on_skip_counts(key_head * G + g, c); };
     emulate_sequence(in, policy, HeadGroupId{layer, static_cast<uint32_t>(key_head)}, outs, group_options);
     for (std::size_t t = 0; t < N; ++t)
       for (int g = 0; g < G; ++g)
@@ -289,7 +334,7 @@ void emulate_layer_sequence(const LayerSequence& seq, const PrecisionPolicy& pol
                                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads = std::min(threads, groups);
   const double work = static_cast<double>(n) * dk * dv * seq.n_value_heads;
-  if (options.on_checkpoint || work < 1e6) threads = 1;
+  if (options.on_checkpoint || options.on_skip_counts || work < 1e6) threads = 1;
   run_tasks(groups, threads, run_group);
 }
 

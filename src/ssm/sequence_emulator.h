@@ -53,17 +53,29 @@ void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy
 //                 stepped every token (GDN/KDA: u^LP from S_read, u^HP from S_recur); non-flush
 //                 o_t = S_read q_t; flush o_t = S_recur q_t, then S_read <- Q_read(S_recur),
 //                 S_recur <- Q_recur(S_recur)
+//   ,skip=        (appendix F, precision_policy.h CheckpointSkip) a zero-started running state W,
+//                 stepped every token (GDN/KDA: u from W), is REPLAY(0, B[1:h]); a non-flush step
+//                 whose gamma_h is below the threshold of the copy it reads outputs W q, a flush
+//                 whose gamma_L is below the recur copy's writes its checkpoint(s) from W
 // The replayed state REPLAY(S_ckpt, B[1:h]) of the literal decoders is evaluated as the same
 // fold, so checkpoints agree bit for bit with ReplayDecoder / SplitPrecisionReplayDecoder.
 
+struct SkipCounts {
+  int64_t steps = 0, steps_skipped = 0;      // non-flush steps
+  int64_t flushes = 0, flushes_skipped = 0;  // flushes (skipped: pure writes)
+};
+
 struct EmulatorOptions {
   // Worker threads over the value heads of the group: 0 = std::thread::hardware_concurrency().
-  // Small problems and runs with on_checkpoint run on the calling thread.
+  // Small problems and runs with on_checkpoint or on_skip_counts run on the calling thread.
   int max_threads = 0;
   // Called after every quantization event with the value head, the 0-based token index at which
   // it happened, and the new stored state(s) as row-major dv x dk float arrays (recur copy; read
   // copy for split policies, else nullptr). For tests and diagnostics.
   std::function<void(int value_head, int64_t token, const float* recur, const float* read)> on_checkpoint;
+  // Policies with ',skip=': called once per value head at the end of its sequence with the counts of
+  // non-flush steps and flushes, and how many of each skipped the checkpoint read.
+  std::function<void(int value_head, const SkipCounts& counts)> on_skip_counts;
 };
 
 void emulate_sequence(const HeadGroupSequence& in, const PrecisionPolicy& policy, HeadGroupId id,
@@ -90,8 +102,8 @@ struct LayerSequence {
   float* out = nullptr;          // out + t * ld_out + h * dv
   int64_t ld_out = 0;
 };
-// Threads run whole key head groups (EmulatorOptions::max_threads; one thread with on_checkpoint).
-// on_checkpoint receives the layer's value head h (not the index within the group). Throws as
+// Threads run whole key head groups (EmulatorOptions::max_threads; one thread with on_checkpoint or
+// on_skip_counts). Both callbacks receive the layer's value head h (not the index within the group). Throws as
 // check_layer_sequence does.
 void emulate_layer_sequence(const LayerSequence& seq, const PrecisionPolicy& policy, uint32_t layer,
                             const EmulatorOptions& options = {});

@@ -50,6 +50,11 @@ void check_state_error_policy(const PrecisionPolicy& policy) {
         "state error: policy {} rounds by error feedback (+ef), which the appendix C.6 model (one RTN or SR rounding "
         "of the exact state per flush) does not describe; use +rtn or +sr",
         policy.to_string()));
+  if (policy.skip.mode != CheckpointSkip::Mode::off)
+    throw std::invalid_argument(fmt::format(
+        "state error: policy {} skips checkpoint reads (appendix F), which the appendix C.6 model does not describe; "
+        "drop ',skip='",
+        policy.to_string()));
 }
 
 std::vector<HeadStateError> measure_state_error(const HeadGroupSequence& seq, const PrecisionPolicy& policy,
