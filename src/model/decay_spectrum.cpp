@@ -7,6 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "ssm/analytic_model.h"
+#include "ssm/model_shapes.h"
+
 namespace replayssm::model {
 
 // ---- DecayHistogram ------------------------------------------------------------------------------
@@ -79,6 +82,18 @@ double HeadDecaySpectrum::max_channel_memory() const {
   return best;
 }
 
+double HeadDecaySpectrum::skip_step_fraction(std::size_t w, std::size_t f) const {
+  const uint64_t n = skip_steps_counted.at(w);
+  return n > 0 ? static_cast<double>(skip_steps.at(w).at(f)) / static_cast<double>(n)
+               : std::numeric_limits<double>::quiet_NaN();
+}
+
+double HeadDecaySpectrum::skip_flush_fraction(std::size_t w, std::size_t f) const {
+  const uint64_t n = skip_flushes_counted.at(w);
+  return n > 0 ? static_cast<double>(skip_flushes.at(w).at(f)) / static_cast<double>(n)
+               : std::numeric_limits<double>::quiet_NaN();
+}
+
 double HeadDecaySpectrum::mean_gamma(std::size_t w) const {
   return gamma_count.at(w) > 0 ? gamma_sum.at(w) / static_cast<double>(gamma_count[w])
                                : std::numeric_limits<double>::quiet_NaN();
@@ -111,6 +126,10 @@ void DecaySpectrumCollector::observe(const ssm::HeadGroupSequence& seq, ssm::Hea
     h.gamma.resize(windows_.size());
     h.gamma_sum.assign(windows_.size(), 0.0);
     h.gamma_count.assign(windows_.size(), 0);
+    h.skip_steps_counted.assign(windows_.size(), 0);
+    h.skip_flushes_counted.assign(windows_.size(), 0);
+    h.skip_steps.assign(windows_.size(), {});
+    h.skip_flushes.assign(windows_.size(), {});
     const float* a = seq.alpha[static_cast<std::size_t>(j)];
     for (int64_t t = 0; t < n; ++t)
       for (int c = 0; c < channels; ++c) {
@@ -141,6 +160,24 @@ void DecaySpectrumCollector::observe(const ssm::HeadGroupSequence& seq, ssm::Hea
           h.gamma_sum[wi] += g;
           ++h.gamma_count[wi];
         }
+      // Appendix F: gamma_h as the emulator forms it (float32 product in token order, largest channel).
+      std::vector<float> running(static_cast<std::size_t>(channels));
+      std::array<float, kSkipFormats.size()> threshold{};
+      for (std::size_t f = 0; f < kSkipFormats.size(); ++f) threshold[f] = formats::unit_roundoff(kSkipFormats[f]);
+      for (int64_t w0 = 0; w0 + L <= n; w0 += L) {
+        std::fill(running.begin(), running.end(), 1.0f);
+        for (int64_t t = w0; t < w0 + L; ++t) {
+          float largest = 0.0f;
+          for (int c = 0; c < channels; ++c) {
+            running[static_cast<std::size_t>(c)] *= a[t * channels + c];
+            largest = std::max(largest, running[static_cast<std::size_t>(c)]);
+          }
+          const bool flush = t == w0 + L - 1;
+          auto& counts = flush ? h.skip_flushes[wi] : h.skip_steps[wi];
+          ++(flush ? h.skip_flushes_counted : h.skip_steps_counted)[wi];
+          for (std::size_t f = 0; f < kSkipFormats.size(); ++f) counts[f] += largest < threshold[f];
+        }
+      }
     }
     const std::lock_guard<std::mutex> lock(mutex_);
     auto [it, fresh] = heads_.try_emplace({h.layer, h.value_head}, h);
@@ -159,6 +196,12 @@ void DecaySpectrumCollector::observe(const ssm::HeadGroupSequence& seq, ssm::Hea
       acc.gamma[wi].merge(h.gamma[wi]);
       acc.gamma_sum[wi] += h.gamma_sum[wi];
       acc.gamma_count[wi] += h.gamma_count[wi];
+      acc.skip_steps_counted[wi] += h.skip_steps_counted[wi];
+      acc.skip_flushes_counted[wi] += h.skip_flushes_counted[wi];
+      for (std::size_t f = 0; f < kSkipFormats.size(); ++f) {
+        acc.skip_steps[wi][f] += h.skip_steps[wi][f];
+        acc.skip_flushes[wi][f] += h.skip_flushes[wi][f];
+      }
     }
   }
 }
@@ -201,6 +244,95 @@ DecaySummary summarize_decays(const std::vector<HeadDecaySpectrum>& heads, doubl
 
 namespace {
 std::string tokens_text(double m) { return std::isinf(m) ? std::string("inf") : fmt::format("{:.1f}", m); }
+
+constexpr const char* kDecadeNames[] = {"[1, 10)", "[10, 100)", "[100, 1K)", "[1K, 10K)", "[10K, 100K)",
+                                        "[100K, 1M)", ">= 1M"};
+
+int memory_decade(const HeadDecaySpectrum& h) {
+  return std::clamp(static_cast<int>(std::floor(std::log10(std::max(h.memory(), 1.0)))), 0, 6);
+}
+
+std::size_t skip_format_index(formats::StorageFormat f) {
+  for (std::size_t i = 0; i < kSkipFormats.size(); ++i)
+    if (kSkipFormats[i] == f) return i;
+  throw std::logic_error("skip_format_index: not a skip format");
+}
+
+// One head's checkpoint traffic per window under split:READ+rtn/fp32@L on a paper shape (REPLAYSSM.md
+// section 7), with (skip) or without ',skip=auto' at this head's measured fractions, over the
+// conventional FP32 window 2 L M_32.
+double split_traffic_over_conventional(const HeadDecaySpectrum& h, std::size_t w, const ssm::ModelShape& shape,
+                                       formats::StorageFormat read, bool skip) {
+  const int L = h.windows[w];
+  const double m32 = static_cast<double>(ssm::state_bytes(shape.dv, shape.dk, formats::StorageFormat::fp32));
+  const double mlp = static_cast<double>(ssm::state_bytes(shape.dv, shape.dk, read));
+  const uint64_t r = ssm::record_bytes(shape.kind, true, shape.dv, shape.dk);
+  double bytes = static_cast<double>(
+      ssm::split_window_traffic(static_cast<uint64_t>(m32), static_cast<uint64_t>(mlp), r, L).total());
+  if (skip)
+    bytes -= h.skip_step_fraction(w, skip_format_index(read)) * (L - 1) * mlp +
+             h.skip_flush_fraction(w, skip_format_index(formats::StorageFormat::fp32)) * m32;
+  return bytes / static_cast<double>(ssm::conventional_window_traffic(static_cast<uint64_t>(m32), L).total());
+}
+
+// Appendix F's section of the text report.
+std::string format_skip_report(const std::vector<HeadDecaySpectrum>& heads) {
+  std::string out;
+  const ssm::Recurrence kind = heads.front().kind;
+  std::vector<const ssm::ModelShape*> shapes;
+  for (const ssm::ModelShape& s : ssm::paper_shapes())
+    if (s.kind == kind) shapes.push_back(&s);
+  for (std::size_t w = 0; w < heads.front().windows.size(); ++w) {
+    const int L = heads.front().windows[w];
+    out += fmt::format(
+        "checkpoint-read skipping (appendix F, ',skip=auto'), L = {}: by head class (memory 1/(1 - mean alpha)), the "
+        "mean fraction of non-flush steps whose gamma_h is below the unit roundoff u of the copy read, and of "
+        "flushes below the recur copy's\n",
+        L);
+    out += fmt::format("  {:<12} {:>5} {:>14} {:>14} {:>15} {:>16} {:>16}\n", "memory", "heads", "steps<u(fp16)",
+                       "steps<u(fp8)", "steps<u(nvfp4)", "flushes<u(fp32)", "flushes<u(fp16)");
+    for (int d = 0; d < 7; ++d) {
+      std::vector<const HeadDecaySpectrum*> in;
+      for (const auto& h : heads)
+        if (memory_decade(h) == d && h.skip_steps_counted[w] > 0) in.push_back(&h);
+      if (in.empty()) continue;
+      const auto mean = [&](auto&& f) {
+        double sum = 0.0;
+        for (const HeadDecaySpectrum* h : in) sum += f(*h);
+        return sum / static_cast<double>(in.size());
+      };
+      const auto steps = [&](formats::StorageFormat f) {
+        return mean([&](const HeadDecaySpectrum& h) { return h.skip_step_fraction(w, skip_format_index(f)); });
+      };
+      const auto flushes = [&](formats::StorageFormat f) {
+        return mean([&](const HeadDecaySpectrum& h) { return h.skip_flush_fraction(w, skip_format_index(f)); });
+      };
+      out += fmt::format("  {:<12} {:>5} {:>14.3f} {:>14.3f} {:>15.3f} {:>16.3f} {:>16.3f}\n", kDecadeNames[d],
+                         in.size(), steps(formats::StorageFormat::fp16), steps(formats::StorageFormat::fp8b128),
+                         steps(formats::StorageFormat::nvfp4), flushes(formats::StorageFormat::fp32),
+                         flushes(formats::StorageFormat::fp16));
+      std::string traffic_line;
+      for (const ssm::ModelShape* shape : shapes)
+        for (formats::StorageFormat read : {formats::StorageFormat::nvfp4, formats::StorageFormat::fp16}) {
+          const auto traffic = [&](bool skip) {
+            return mean([&](const HeadDecaySpectrum& h) { return split_traffic_over_conventional(h, w, *shape, read, skip); });
+          };
+          traffic_line += fmt::format("{}{} {} {:.3f} -> {:.3f}", traffic_line.empty() ? "" : "; ", shape->short_name,
+                                      formats::to_string(read), traffic(false), traffic(true));
+        }
+      if (!traffic_line.empty()) out += "    traffic / conventional FP32, without -> with skip: " + traffic_line + "\n";
+    }
+    if (shapes.empty())
+      out += fmt::format("  (no paper shape has the {} recurrence: no traffic figures)\n", ssm::to_string(kind));
+    else
+      out += fmt::format(
+          "  traffic: one head's checkpoint and record bytes per window of split:READ+rtn/fp32@{} on the paper shape "
+          "(dims of the shape, decays of this model's heads; REPLAYSSM.md section 7), over conventional FP32 decode's "
+          "2 L M_S\n",
+          L);
+  }
+  return out;
+}
 }  // namespace
 
 std::string format_decay_report(const std::vector<HeadDecaySpectrum>& heads, const DecaySummary& summary) {
@@ -226,8 +358,6 @@ std::string format_decay_report(const std::vector<HeadDecaySpectrum>& heads, con
       DecayHistogram::kBinsPerDecade);
   out += fmt::format("effective memory 1/(1 - mean alpha) of the {} heads (tokens): median {}, largest {}\n",
                      summary.heads, tokens_text(summary.median_memory), tokens_text(summary.max_memory));
-  static const char* kDecadeNames[] = {"[1, 10)", "[10, 100)", "[100, 1K)", "[1K, 10K)", "[10K, 100K)", "[100K, 1M)",
-                                       ">= 1M"};
   out += "  heads per decade:";
   for (std::size_t d = 0; d < summary.heads_per_decade.size(); ++d)
     out += fmt::format(" {} {}{}", kDecadeNames[d], summary.heads_per_decade[d], d + 1 < 7 ? "," : "");
@@ -235,8 +365,22 @@ std::string format_decay_report(const std::vector<HeadDecaySpectrum>& heads, con
   out += fmt::format("  heads with memory >= {:.0f} tokens: {} of {} ({:.1f}%)\n", summary.long_memory_tokens,
                      summary.long_memory_heads, summary.heads,
                      summary.heads ? 100.0 * static_cast<double>(summary.long_memory_heads) / summary.heads : 0.0);
+  out += format_skip_report(heads);
   return out;
 }
+
+namespace {
+// Appendix F per head and window: per format, the fractions of non-flush steps and flushes under its u.
+nlohmann::json skip_json(const HeadDecaySpectrum& h, std::size_t w) {
+  nlohmann::json j = {{"steps_counted", h.skip_steps_counted[w]}, {"flushes_counted", h.skip_flushes_counted[w]}};
+  for (std::size_t f = 0; f < kSkipFormats.size(); ++f)
+    j[std::string(formats::to_string(kSkipFormats[f]))] = {
+        {"unit_roundoff", formats::unit_roundoff(kSkipFormats[f])},
+        {"steps_skipped", h.skip_steps[w][f]},
+        {"flushes_skipped", h.skip_flushes[w][f]}};
+  return j;
+}
+}  // namespace
 
 nlohmann::json decay_report_json(const std::vector<HeadDecaySpectrum>& heads, const DecaySummary& summary) {
   nlohmann::json edges = nlohmann::json::array();
@@ -252,7 +396,8 @@ nlohmann::json decay_report_json(const std::vector<HeadDecaySpectrum>& heads, co
       g.push_back({{"L", h.windows[w]},
                    {"mean", finite_or_null(h.mean_gamma(w))},
                    {"windows_counted", h.gamma_count[w]},
-                   {"histogram", h.gamma[w].counts()}});
+                   {"histogram", h.gamma[w].counts()},
+                   {"skip", skip_json(h, w)}});
     jh.push_back({{"layer", h.layer},
                   {"value_head", h.value_head},
                   {"key_head", h.key_head},

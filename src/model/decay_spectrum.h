@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/quantized_matrix.h"
 #include "model/layers.h"
 #include "ssm/sequence_emulator.h"
 #include "ssm/ssm_types.h"
@@ -51,6 +52,12 @@ class DecayHistogram {
   uint64_t total_ = 0;
 };
 
+// The formats whose unit roundoff is a ',skip=auto' threshold the report counts against
+// (appendix F; precision_policy.h CheckpointSkip).
+inline constexpr std::array<formats::StorageFormat, 4> kSkipFormats = {
+    formats::StorageFormat::fp32, formats::StorageFormat::fp16, formats::StorageFormat::fp8b128,
+    formats::StorageFormat::nvfp4};
+
 struct HeadDecaySpectrum {
   int layer = 0, value_head = 0, key_head = 0;
   ssm::Recurrence kind = ssm::Recurrence::mamba2;
@@ -64,6 +71,12 @@ struct HeadDecaySpectrum {
   std::vector<DecayHistogram> gamma;
   std::vector<double> gamma_sum;
   std::vector<uint64_t> gamma_count;  // windows x channels counted
+  // Appendix F, per window L: of the non-flush steps (h = 1..L-1) and flushes (h = L) of the whole
+  // windows, how many have gamma_h (the float32 running product from the window's start, as the
+  // emulator computes it; KDA: the largest channel) below the unit roundoff of kSkipFormats[f]:
+  // the steps ',skip=auto' skips when that format is the copy read.
+  std::vector<uint64_t> skip_steps_counted, skip_flushes_counted;
+  std::vector<std::array<uint64_t, kSkipFormats.size()>> skip_steps, skip_flushes;
 
   double mean_alpha() const;
   // 1/(1 - mean alpha) tokens; +inf when mean alpha == 1.
@@ -71,6 +84,9 @@ struct HeadDecaySpectrum {
   // KDA: the largest per-channel 1/(1 - mean alpha_c); equals memory() for one channel.
   double max_channel_memory() const;
   double mean_gamma(std::size_t w) const;
+  // Fractions of window w's non-flush steps / flushes that skip a read of kSkipFormats[f] (NaN: none counted).
+  double skip_step_fraction(std::size_t w, std::size_t f) const;
+  double skip_flush_fraction(std::size_t w, std::size_t f) const;
 };
 
 // Collects the spectrum of every head group it is shown (thread-safe: the mixers call it from
@@ -103,7 +119,9 @@ DecaySummary summarize_decays(const std::vector<HeadDecaySpectrum>& heads, doubl
 
 // The report `replayssm info --decays` prints: one line per head (layer, value head, recurrence,
 // mean alpha, memory, alpha's 10/50/90% quantiles, mean gamma per window, KDA's largest channel
-// memory) and the summary.
+// memory), the summary, and appendix F's skip fractions by head class (memory decade) with the
+// checkpoint traffic they save on the paper's shapes of the model's recurrence (decays from this
+// model, dims from the paper).
 std::string format_decay_report(const std::vector<HeadDecaySpectrum>& heads, const DecaySummary& summary);
 // The same as JSON (histograms included: bin edges once, counts per head).
 nlohmann::json decay_report_json(const std::vector<HeadDecaySpectrum>& heads, const DecaySummary& summary);

@@ -145,6 +145,35 @@ TEST_CASE("DecaySpectrumCollector: means, memory and gamma over windows against 
             }
         CHECK(h.gamma_count[w] == gcount);
         CHECK(h.mean_gamma(w) == doctest::Approx(gsum / static_cast<double>(gcount)).epsilon(1e-9));
+        // Appendix F's skip counts: gamma_h (float64 here; its largest channel) under each format's
+        // unit roundoff, non-flush steps and flushes of the whole windows apart. These decays keep
+        // every product far (relatively) from a threshold, so float32 and float64 decide alike.
+        std::vector<uint64_t> steps_skipped(replayssm::model::kSkipFormats.size(), 0),
+            flushes_skipped(replayssm::model::kSkipFormats.size(), 0);
+        uint64_t steps = 0, flushes = 0;
+        for (std::size_t b = 0; b < texts.size(); ++b)
+          for (int w0 = 0; w0 + windows[w] <= lengths[b]; w0 += windows[w]) {
+            std::vector<double> prod(static_cast<std::size_t>(channels), 1.0);
+            for (int t = w0; t < w0 + windows[w]; ++t) {
+              double largest = 0.0;
+              for (int c = 0; c < channels; ++c) {
+                prod[static_cast<std::size_t>(c)] *=
+                    texts[b][static_cast<std::size_t>(j)][static_cast<std::size_t>(t * channels + c)];
+                largest = std::max(largest, prod[static_cast<std::size_t>(c)]);
+              }
+              const bool flush = t == w0 + windows[w] - 1;
+              ++(flush ? flushes : steps);
+              for (std::size_t f = 0; f < replayssm::model::kSkipFormats.size(); ++f)
+                (flush ? flushes_skipped : steps_skipped)[f] +=
+                    largest < replayssm::formats::unit_roundoff(replayssm::model::kSkipFormats[f]);
+            }
+          }
+        CHECK(h.skip_steps_counted[w] == steps);
+        CHECK(h.skip_flushes_counted[w] == flushes);
+        for (std::size_t f = 0; f < replayssm::model::kSkipFormats.size(); ++f) {
+          CHECK(h.skip_steps[w][f] == steps_skipped[f]);
+          CHECK(h.skip_flushes[w][f] == flushes_skipped[f]);
+        }
       }
     }
     const auto summary = replayssm::model::summarize_decays(got, 10.0);
