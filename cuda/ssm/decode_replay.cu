@@ -1,0 +1,43 @@
+// One ReplaySSM standard decode step (Algorithms 1, 4): the non-flush kernel for the sequences whose window
+// is not full, then the flush kernel for the others; each sequence's window state advances.
+#include "ssm/decode_replay.cuh"
+
+namespace replayssm::cuda {
+
+using formats::StorageFormat;
+using namespace detail;
+using namespace decode_detail;
+
+void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
+                 DeviceRecords& records, cudaStream_t stream) {
+  check_shape(shape);
+  if (config.window < 1 || config.window > kMaxWindow)
+    throw_invalid_argument("replay decode supports 1 <= L <= 64", "L", config.window);
+  // A ring that serves verification (max_drafts = T > 0) can hold up to max(L, T) committed records
+  // when a standard step comes: that flush folds max(L, T) + 1 of them.
+  const int stage = records.max_drafts > 0 ? std::max(config.window, records.max_drafts) + 1 : config.window;
+  if (records.max_drafts < 0) throw_invalid_argument("record ring: max_drafts must be >= 0", "max_drafts", records.max_drafts);
+  if (stage > kMaxWindow)
+    throw_invalid_argument("replay decode after verification supports max(L, T) + 1 <= 64", "L", config.window, "T",
+                           records.max_drafts);
+  const int min_capacity = records.max_drafts > 0 ? std::max(config.window, records.max_drafts) + records.max_drafts : config.window;
+  if (records.capacity < min_capacity)
+    throw_invalid_argument("record ring needs capacity L, or max(L, T) + T with max_drafts = T", "capacity", records.capacity,
+                           "needed", min_capacity);
+  const StorageFormat read = config.split() ? config.read.format : config.recur.format;
+  if (read == StorageFormat::fp8b128 && shape.dk % 128) throw std::invalid_argument("fp8b128 read needs dk % 128 == 0");
+  // The NVFP4 LP copy needs the tensor amax before encoding; the flush re-reads the rows from the
+  // recur (HP) checkpoint it just wrote, which holds S itself only when the recur copy is fp32.
+  if (config.split() && read == StorageFormat::nvfp4 && config.recur.format != StorageFormat::fp32)
+    throw std::invalid_argument("an NVFP4 read checkpoint needs an fp32 recurrence checkpoint in the kernels");
+  const int NH = heads_per_block(shape, config.heads_per_block);
+  ReplayArgs A{shape, in, config.window, config.recur, config.read, config.split(),
+               formats::element_rounding_mode(config.recur_rounding), config.seed, records, NH, stage};
+  const dim3 grid(shape.value_heads / NH, shape.batch);
+  launch_replay_nonflush(kind, read, A, grid, stream);
+  launch_replay_flush(kind, config.recur.format, A, grid, stream);
+  REPLAYSSM_CUDA_CHECK_LAUNCH();
+  records.parity = 1 - records.parity;
+}
+
+}  // namespace replayssm::cuda

@@ -1,0 +1,183 @@
+// What the two kernels of a ReplaySSM standard decode step share (decode_replay_nonflush.cu and
+// decode_replay_flush.cu; the step itself, decode_replay.cu, launches one after the other).
+#pragma once
+#include "ssm/decode_common.cuh"
+
+namespace replayssm::cuda::decode_detail {
+
+// ================================ ReplaySSM standard decode ===================================
+// A replay block serves NH value heads of one key head (NH * dv <= 256, NH divides the heads per
+// key head): the key products are computed once for them, the NH states stream as one contiguous
+// (NH*dv) x dk matrix (heads are adjacent in memory), and the record phase has one thread per
+// (head, row). Blocks of a sequence whose window reaches L records flush instead (replay the window
+// from the recur (HP) checkpoint on chip, write the recur copy and the read (LP) copy). As in the CPU
+// decoder the flush condition is h + 1 >= L: after a verification commit h can be L or more (up to
+// max(L, T)), and that step folds all h + 1 records.
+struct ReplayArgs {
+  DecodeShape shape;
+  StepInputs in;
+  int window;
+  DeviceState recur, read;
+  bool split;
+  formats::RoundingMode recur_mode;
+  uint64_t seed;
+  DeviceRecords rec;
+  int heads_per_block;  // NH
+  int stage;            // positions a flush may stage: L, or max(L, T) + 1 when the ring serves verification
+};
+
+// Dynamic shared memory of a replay block. Non-flush blocks stage the NH heads' record vectors;
+// flush blocks also stage the window's keys (fp32), shared by the NH heads. Per-position arrays
+// have `stride` slots per head: L for non-flush blocks (they stage at most L - 1 records), the
+// launch's `stage` for flush blocks.
+struct ReplayShared {
+  int stride;
+  float* keys;     // [stride][DK] (flush only)
+  float* vals;     // [NH][stride][dv] record vectors (flush: pre-multiplied by w unless u is recomputed)
+  float* a;        // [NH][stride] decays
+  float* w;        // [NH][stride] decay weights prod_{l>p} a_l
+  float* beta;     // [NH][stride] (GDN flush)
+  float* c1;       // [stride]  key products k_p . q_t
+  float* c2;       // [stride]  k_p . k_t (GDN)
+  float* rows1;    // [NH*dv] S q
+  float* rows2;    // [NH*dv] S k (GDN)
+  float* gamma;    // [NH]
+  float* scratch;  // [kWarps]
+};
+
+__host__ __device__ inline std::size_t replay_shared_floats(int L, int DK, int dv, int NH, bool flush) {
+  return (flush ? static_cast<std::size_t>(L) * DK : 0) + static_cast<std::size_t>(NH) * L * dv +
+         3 * static_cast<std::size_t>(NH) * L + 2 * L + 2 * NH * dv + NH + kWarps;
+}
+
+__device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK, int dv, int NH, bool flush) {
+  ReplayShared s;
+  s.stride = L;
+  s.keys = base;
+  s.vals = s.keys + (flush ? static_cast<std::size_t>(L) * DK : 0);
+  s.a = s.vals + static_cast<std::size_t>(NH) * L * dv;
+  s.w = s.a + NH * L;
+  s.beta = s.w + NH * L;
+  s.c1 = s.beta + NH * L;
+  s.c2 = s.c1 + L;
+  s.rows1 = s.c2 + L;
+  s.rows2 = s.rows1 + NH * dv;
+  s.gamma = s.rows2 + NH * dv;
+  s.scratch = s.gamma + NH;
+  return s;
+}
+
+// Decay weights of the window for the block's NH heads, one warp per head: w[n][p] =
+// prod_{l>p} a_l over the staged positions, gamma[n] = prod a (eq. 5); the raw decays go to
+// sh.a and, for GDN, the betas to sh.beta (both [NH][L]). Positions p < h0 are ring records,
+// p == h0 the current token.
+__device__ __forceinline__ void stage_decay_weights(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
+                                                    const ReplayShared& sh, int h0, int staged, bool gdn) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, L = sh.stride;
+  for (int n = warp; n < bg.NH; n += kWarps) {
+    const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
+    float a[2] = {1.0f, 1.0f};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int p = lane + 32 * half;
+      if (p >= staged) continue;
+      const std::size_t rec = ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n;
+      a[half] = p == h0 ? A.in.alpha[hb] : A.rec.alpha[rec];
+      sh.a[n * L + p] = a[half];
+      if (gdn) sh.beta[n * L + p] = p == h0 ? A.in.beta[hb] : A.rec.beta[rec];
+    }
+    const SuffixProducts w = warp_suffix_products(a[0], a[1]);
+    if (lane < staged) sh.w[n * L + lane] = w.lo;
+    if (lane + 32 < staged) sh.w[n * L + lane + 32] = w.hi;
+    if (lane == 0) sh.gamma[n] = w.gamma;
+  }
+}
+
+// Record vectors of the block's NH heads at window positions [0, staged) into vals [NH][L][dv]
+// (L = `stride`): Mamba-2 v (bf16; position h0 is the current token's v), GDN the cached fp32 u,
+// or with `raw_v` the GDN v (split flush recomputes u). With `weights` (sh.w, [NH][L]) each vector
+// is stored multiplied by its decay weight w_p. Eight independent loads per thread in flight.
+template <ssm::Recurrence K>
+__device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
+                                                     float* vals, int stride, int h0, int staged, bool raw_v,
+                                                     const float* weights) {
+  const int dv = bg.dv, L = stride;
+  const SmallDiv per_head(staged);
+  if (dv % 2 == 0) {  // element pairs: one 4-byte (bf16) or 8-byte (fp32) load per pair
+    copy_vectors(
+        bg.NH * staged, dv / 2,
+        [&](int vec, int pair) {
+          const int n = per_head(vec), p = vec - n * staged, r = 2 * pair;
+          const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
+          const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n) * dv + r;
+          if (K == ssm::Recurrence::mamba2 || raw_v)
+            return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p == h0 ? A.in.v + hb * dv + r : A.rec.v + rec));
+          return *reinterpret_cast<const float2*>(A.rec.u + rec);
+        },
+        [&](int vec, int pair, float2 x) {
+          const int n = per_head(vec), p = vec - n * staged;
+          const float w = weights ? weights[n * L + p] : 1.0f;
+          *reinterpret_cast<float2*>(vals + (static_cast<std::size_t>(n) * L + p) * dv + 2 * pair) =
+              weights ? make_float2(x.x * w, x.y * w) : x;
+        });
+    return;
+  }
+  copy_vectors(
+      bg.NH * staged, dv,
+      [&](int vec, int r) {
+        const int n = per_head(vec), p = vec - n * staged;
+        const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
+        const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n) * dv + r;
+        if (K == ssm::Recurrence::mamba2 || raw_v) return __bfloat162float(p == h0 ? A.in.v[hb * dv + r] : A.rec.v[rec]);
+        return A.rec.u[rec];
+      },
+      [&](int vec, int r, float x) {
+        const int n = per_head(vec), p = vec - n * staged;
+        vals[(static_cast<std::size_t>(n) * L + p) * dv + r] = weights ? x * weights[n * L + p] : x;
+      });
+}
+
+// Appends the current record of the block's NH heads (the key once per key head).
+__device__ __forceinline__ void append_record(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win, int DK,
+                                              bool gdn) {
+  const std::size_t slot = ring_slot(A.rec, bg.b, win, win.h);
+  if (bg.vh0 == 0)
+    for (int c = threadIdx.x; c < DK; c += kThreads)
+      A.rec.k[(slot * bg.G + bg.g) * DK + c] = A.in.k[(static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK + c];
+  for (int idx = threadIdx.x; idx < bg.NH * bg.dv; idx += kThreads) {
+    const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + idx / bg.dv;
+    A.rec.v[(slot * bg.H + bg.head0) * bg.dv + idx] = A.in.v[hb * bg.dv + idx % bg.dv];
+  }
+  if (threadIdx.x < bg.NH) {
+    const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + threadIdx.x;
+    A.rec.alpha[slot * bg.H + bg.head0 + threadIdx.x] = A.in.alpha[hb];
+    if (gdn) A.rec.beta[slot * bg.H + bg.head0 + threadIdx.x] = A.in.beta[hb];
+  }
+}
+
+
+// Launches one replay kernel over `grid` with `smem` bytes of dynamic shared memory; `programmatic`:
+// as a programmatic dependent launch of the kernel before it in the stream.
+template <class Kernel>
+void launch_replay_kernel(Kernel kernel, const ReplayArgs& A, dim3 grid, std::size_t smem, bool programmatic,
+                          cudaStream_t stream) {
+  REPLAYSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t launch_config{};
+  launch_config.gridDim = grid;
+  launch_config.blockDim = dim3(kThreads);
+  launch_config.dynamicSmemBytes = smem;
+  launch_config.stream = stream;
+  launch_config.attrs = programmatic ? &attribute : nullptr;
+  launch_config.numAttrs = programmatic ? 1 : 0;
+  REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&launch_config, kernel, A));
+}
+
+// The non-flush kernel for the read checkpoint's format (decode_replay_nonflush.cu) and the flush
+// kernel for the recurrence checkpoint's format (decode_replay_flush.cu).
+void launch_replay_nonflush(ssm::Recurrence kind, StorageFormat read, const ReplayArgs& A, dim3 grid, cudaStream_t stream);
+void launch_replay_flush(ssm::Recurrence kind, StorageFormat recur, const ReplayArgs& A, dim3 grid, cudaStream_t stream);
+
+}  // namespace replayssm::cuda::decode_detail

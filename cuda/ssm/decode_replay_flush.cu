@@ -1,0 +1,287 @@
+// ReplaySSM standard decode, the flush step: S = REPLAY(S_ckpt^recur, B[1:h+1]) on chip, the output S q,
+// the recurrence copy written (RTN or SR) and, split, the read (LP) copy (REPLAYSSM.md sections 2-4).
+#include "ssm/decode_replay.cuh"
+
+namespace replayssm::cuda {
+
+using formats::StorageFormat;
+using namespace detail;
+using namespace decode_detail;
+
+namespace {
+
+// ---- flush: S = REPLAY(S_ckpt^recur, B[1:h+1]) on chip (h + 1 = L, or more after a verification commit), o = S q, write the recur copy (RTN or SR) and the read (LP) copy.
+// Each warp owns kFlushRows consecutive row slots (x in registers) and the window is folded as a
+// small GEMM, S <- gamma S + V' K with V'[r][p] = w_p v_p[r] staged in shared memory: per record a
+// lane reads its key columns once (16 bytes) and the row coefficients as broadcasts.
+constexpr int kFlushRows = 8;
+
+template <int DK>
+struct FlushRows {
+  using T = Tile<StorageFormat::fp32, DK>;
+  static constexpr int P = T::P, LPR = T::LPR, RW = T::RW, G = kFlushRows;
+  static constexpr int kRowsPerGroup = kWarps * G * RW;  // rows of one head per group
+  __device__ static int row(int group, int warp, int j, int lane) { return ((group * kWarps + warp) * G + j) * RW + lane / LPR; }
+};
+
+template <StorageFormat RecurF, int DK>
+__device__ __forceinline__ void load_flush_rows(const HeadView& recur_view, int dv, int group, float (*x)[FlushRows<DK>::P][4]) {
+  using FR = FlushRows<DK>;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int j = 0; j < FR::G; ++j) {
+    const int row = FR::row(group, warp, j, lane);
+#pragma unroll
+    for (int p = 0; p < FR::P; ++p) {
+      if (row < dv) load4<RecurF, DK>(recur_view, row, FR::T::col(lane, p), x[j][p]);
+      else x[j][p][0] = x[j][p][1] = x[j][p][2] = x[j][p][3] = 0.0f;
+    }
+  }
+}
+
+// Flush of value head n of the block. Mamba-2 and shared GDN fold the staged records as a rank-
+// `staged` update (GDN: the cached u, then the current token as a conventional step); split GDN
+// recomputes every u on the recur (HP) path from the raw records (Algorithm 3 for GDN). `x` holds the
+// head's first row group on entry (the caller issued those loads early).
+template <ssm::Recurrence K, StorageFormat RecurF, int DK>
+__device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, int n, const WindowState& win,
+                                  const ReplayShared& sh, int staged, const float (*kv)[4], const float (*qv)[4],
+                                  float (*x)[FlushRows<DK>::P][4]) {
+  using FR = FlushRows<DK>;
+  constexpr int P = FR::P, LPR = FR::LPR, G = FR::G, E = 4;
+  const int L = sh.stride, h0 = win.h, dv = bg.dv;  // h0: window position of the current token
+  const int head = bg.head0 + n, vh = bg.vh0 + n;
+  const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + head;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const HeadView recur_view = head_view(A.recur, hb, dv, DK);
+  const HeadView read_view = A.split ? head_view(A.read, hb, dv, DK) : HeadView{};
+  const bool recompute_u = K == ssm::Recurrence::gdn && A.split;
+  const float* vals = sh.vals + static_cast<std::size_t>(n) * L * dv;  // [p][dv]
+  const float a_t = A.in.alpha[hb];
+  const float beta_t = K == ssm::Recurrence::gdn ? A.in.beta[hb] : 0.0f;
+  const float gamma = sh.gamma[n];
+  const uint64_t recur_stream = sr_stream_device(bg.b, bg.g, vh, 0, win.flushes);
+  const bool need_amax = A.split && A.read.format == StorageFormat::nvfp4;
+  float local_amax = 0.0f;
+  const int groups = (dv + FR::kRowsPerGroup - 1) / FR::kRowsPerGroup;
+  for (int group = 0; group < groups; ++group) {
+    if (group > 0) load_flush_rows<RecurF, DK>(recur_view, dv, group, x);
+    int rows[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) rows[j] = FR::row(group, warp, j, lane);
+    if (!recompute_u) {
+#pragma unroll
+      for (int j = 0; j < G; ++j)
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+#pragma unroll
+          for (int e = 0; e < E; ++e) x[j][p][e] *= gamma;
+      // The G rows of a lane are consecutive when RW == 1: their coefficients are 16-byte loads.
+      const bool vector_coefs = FR::RW == 1 && dv % 4 == 0 && rows[G - 1] < dv;
+      for (int r = 0; r < staged; ++r) {
+        float k[P][E];
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const float4 k4 = *reinterpret_cast<const float4*>(sh.keys + r * DK + FR::T::col(lane, p));
+          k[p][0] = k4.x, k[p][1] = k4.y, k[p][2] = k4.z, k[p][3] = k4.w;
+        }
+        float c[G];  // w_r v_r[row]
+        if (vector_coefs) {
+#pragma unroll
+          for (int i = 0; i < G / 4; ++i) {
+            const float4 c4 = reinterpret_cast<const float4*>(vals + r * dv + rows[0])[i];
+            c[4 * i] = c4.x, c[4 * i + 1] = c4.y, c[4 * i + 2] = c4.z, c[4 * i + 3] = c4.w;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < G; ++j) c[j] = rows[j] < dv ? vals[r * dv + rows[j]] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < G; ++j)
+#pragma unroll
+          for (int p = 0; p < P; ++p)
+#pragma unroll
+            for (int e = 0; e < E; ++e) x[j][p][e] = fmaf(c[j], k[p][e], x[j][p][e]);
+      }
+    } else {
+      // GDN split: u_r^HP = b_r (v_r - a_r S_{r-1} k_r), sequentially from the recur (HP) checkpoint.
+      for (int r = 0; r < staged; ++r) {
+        float k[P][E];
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const float4 k4 = *reinterpret_cast<const float4*>(sh.keys + r * DK + FR::T::col(lane, p));
+          k[p][0] = k4.x, k[p][1] = k4.y, k[p][2] = k4.z, k[p][3] = k4.w;
+        }
+        float sk[G];
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+          sk[j] = 0.0f;
+#pragma unroll
+          for (int p = 0; p < P; ++p) sk[j] = dot_acc<E>(x[j][p], k[p], sk[j]);
+        }
+        row_sums_all<LPR, G>(sk);
+        const float ar = sh.a[n * L + r], br = sh.beta[n * L + r];
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+          const float u = rows[j] < dv ? br * (vals[r * dv + rows[j]] - ar * sk[j]) : 0.0f;
+#pragma unroll
+          for (int p = 0; p < P; ++p)
+#pragma unroll
+            for (int e = 0; e < E; ++e) x[j][p][e] = fmaf(ar, x[j][p][e], u * k[p][e]);
+        }
+      }
+    }
+    if constexpr (K == ssm::Recurrence::gdn) {  // the current token, as a conventional GDN step from S_{t-1}
+      float sk[G];
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        sk[j] = 0.0f;
+#pragma unroll
+        for (int p = 0; p < P; ++p) sk[j] = dot_acc<E>(x[j][p], kv[p], sk[j]);
+      }
+      row_sums_all<LPR, G>(sk);
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        const bool valid = rows[j] < dv;
+        const float vr = valid ? __bfloat162float(A.in.v[hb * dv + rows[j]]) : 0.0f;
+        const float u = beta_t * (vr - a_t * sk[j]);
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+#pragma unroll
+          for (int e = 0; e < E; ++e) x[j][p][e] = fmaf(a_t, x[j][p][e], u * kv[p][e]);
+        if (valid && lane % LPR == 0) A.rec.u[(ring_slot(A.rec, bg.b, win, h0) * bg.H + head) * dv + rows[j]] = u;
+      }
+    }
+    float o[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      o[j] = 0.0f;
+#pragma unroll
+      for (int p = 0; p < P; ++p) o[j] = dot_acc<E>(x[j][p], qv[p], o[j]);
+    }
+    {
+      const float sum = row_sum_scatter<LPR, G>(o);
+      const int row = FR::row(group, warp, scatter_index<LPR, G>(lane), lane);
+      if (lane % (LPR / G) == 0 && row < dv) A.in.out[hb * dv + row] = sum;
+    }
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const bool valid = rows[j] < dv;
+      if (valid) {
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          store_piece<RecurF, DK>(recur_view, rows[j], FR::T::col(lane, p), x[j][p], A.recur_mode, A.seed, recur_stream);
+          if (need_amax)
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+              const float ax = fabsf(x[j][p][e]);
+              if (ax < INFINITY && ax > local_amax) local_amax = ax;
+            }
+        }
+      }
+      if (A.split && !need_amax) store_read_row<DK, P, LPR>(read_view, A.read.format, rows[j], lane, x[j], valid, {});
+    }
+  }
+  if (need_amax) {
+    // NVFP4 LP copy: tensor scale from the block-wide amax, then re-read the recur rows this block
+    // just wrote (fp32, L2-resident) and quantize them.
+    using T = Tile<StorageFormat::fp32, DK>;
+    const float amax = block_max(local_amax, sh.scratch);
+    const formats::Nvfp4TensorScale ts = formats::nvfp4_tensor_scale(amax);
+    if (threadIdx.x == 0) *read_view.tensor_scale_out = ts.decode;
+    __syncthreads();
+    const int iterations = (dv + kWarps * T::RW - 1) / (kWarps * T::RW);
+    for (int it = 0; it < iterations; ++it) {
+      const int row = (it * kWarps + warp) * T::RW + T::row_in_iteration(lane);
+      const bool valid = row < dv;
+      float y[P][E];
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        if (valid) load4<RecurF, DK>(recur_view, row, T::col(lane, p), y[p]);
+        else for (int e = 0; e < E; ++e) y[p][e] = 0.0f;
+      }
+      store_read_row<DK, P, LPR>(read_view, StorageFormat::nvfp4, row, lane, y, valid, ts);
+    }
+  }
+}
+
+template <ssm::Recurrence K, StorageFormat RecurF, int DK>
+__device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win, const ReplayShared& sh) {
+  using FR = FlushRows<DK>;
+  const int h0 = win.h, dv = bg.dv;  // the current token is window position h0 (h0 + 1 >= L)
+  const int lane = threadIdx.x % 32;
+  const bool recompute_u = K == ssm::Recurrence::gdn && A.split;
+  const int staged = K == ssm::Recurrence::mamba2 ? h0 + 1 : h0;  // Mamba-2 folds the current token too
+  const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
+  float kv[FR::P][4], qv[FR::P][4];
+  load_lane_vector<4, FR::P, FR::LPR>(k_t, lane, kv);
+  load_lane_vector<4, FR::P, FR::LPR>(A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK, lane, qv);
+  // The first head's first row group does not depend on the records: issue its loads first.
+  float x[FR::G][FR::P][4];
+  load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0, x);
+  // Stage the window once for the NH heads: keys, record vectors, decays and their weights.
+  copy_unrolled<4>(
+      staged * DK / 2,
+      [&](int i) {  // two columns per element
+        const int p = 2 * i / DK, c = 2 * i % DK;
+        const __nv_bfloat16* kp = p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK;
+        return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kp + c));
+      },
+      [&](int i, float2 x) { reinterpret_cast<float2*>(sh.keys)[i] = x; });
+  stage_decay_weights(A, bg, win, sh, h0, staged, K == ssm::Recurrence::gdn);
+  __syncthreads();  // weights ready: the record vectors are staged as V'[p][r] = w_p v_p[r]
+  stage_record_vectors<K>(A, bg, win, sh.vals, sh.stride, h0, staged, recompute_u, recompute_u ? nullptr : sh.w);
+  __syncthreads();
+  for (int n = 0; n < bg.NH; ++n) {
+    if (n > 0) load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n, dv, DK), dv, 0, x);
+    replay_flush_head<K, RecurF, DK>(A, bg, n, win, sh, staged, kv, qv, x);
+  }
+}
+
+template <int DK>
+constexpr int flush_min_blocks() { return DK == 256 ? 2 : 3; }
+
+template <ssm::Recurrence K, StorageFormat RecurF, int DK>
+__global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush_kernel(ReplayArgs A) {
+  extern __shared__ float smem[];
+  const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
+  const WindowState win = A.rec.window[A.rec.parity][bg.b];
+  const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
+  // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory.
+  if (flush && win.h + 1 > A.stage) __trap();
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    WindowState next = win;
+    if (flush) {  // the h + 1 records are folded: position h + 1 becomes position 0
+      next.h = 0;
+      next.start = (win.start + win.h + 1) % A.rec.capacity;
+      next.flushes = win.flushes + 1;
+    } else {
+      next.h = win.h + 1;
+    }
+    A.rec.window[1 - A.rec.parity][bg.b] = next;
+  }
+  if (!flush) return;
+  const ReplayShared sh = carve_shared(smem, A.stage, DK, bg.dv, bg.NH, true);
+  append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
+  replay_flush_block<K, RecurF, DK>(A, bg, win, sh);
+}
+
+}  // namespace
+
+void decode_detail::launch_replay_flush(ssm::Recurrence kind, StorageFormat recur, const ReplayArgs& A, dim3 grid,
+                                        cudaStream_t stream) {
+  const std::size_t smem = sizeof(float) * replay_shared_floats(A.stage, A.shape.dk, A.shape.dv, A.heads_per_block, true);
+  with_kind(kind, [&](auto K) {
+    with_dk(A.shape.dk, [&](auto DK) {
+      // A programmatic dependent launch of the non-flush kernel: the two work on disjoint sequences,
+      // so it may start before the non-flush grid has drained. (What follows in the stream still
+      // waits for both.)
+      auto launch = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, true, stream); };
+      if (recur == StorageFormat::fp32) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK()>);
+      else if (recur == StorageFormat::fp16) launch(replay_flush_kernel<K(), StorageFormat::fp16, DK()>);
+      else throw std::invalid_argument("the recurrence checkpoint is fp32 or fp16");
+    });
+  });
+}
+
+}  // namespace replayssm::cuda

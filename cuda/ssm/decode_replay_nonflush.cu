@@ -1,0 +1,204 @@
+// ReplaySSM standard decode, the non-flush step: the output from the read checkpoint and the window's
+// records without materialising the state (OUTPUTONLY with T = 1; REPLAYSSM.md sections 2-3).
+#include "ssm/decode_replay.cuh"
+
+namespace replayssm::cuda {
+
+using formats::StorageFormat;
+using namespace detail;
+using namespace decode_detail;
+
+namespace {
+
+// Loads (not yet decoded) of row iterations [it0, it0 + kBatch) of the non-flush checkpoint stream.
+// A plain function, not a lambda: a closure holding these arrays put them in local memory.
+template <StorageFormat R, int DK, int kBatch, int P>
+__device__ __forceinline__ void load_checkpoint_batch(const HeadView rv, const float* tensor_scales, std::size_t hb0,
+                                                      int dv, int rows_total, int iterations, int it0,
+                                                      RawPiece (&raw)[kBatch][P], float (&tscale)[kBatch]) {
+  using T = Tile<R, DK>;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    const int row = ((it0 + j) * kWarps + warp) * T::RW + T::row_in_iteration(lane);
+    const bool valid = it0 + j < iterations && row < rows_total;
+    tscale[j] = 1.0f;
+    if (valid && R == StorageFormat::nvfp4) tscale[j] = tensor_scales[hb0 + row / dv];
+#pragma unroll
+    for (int p = 0; p < P; ++p) raw[j][p] = valid ? load_raw_piece<R, DK>(rv, row, T::col(lane, p)) : RawPiece{};
+  }
+}
+
+// Non-flush step of NH heads: output-only from the read checkpoint (LP when split, else the recur copy).
+//   Mamba-2: o = gamma (S q) + sum_{p<=h0} w_p (k_p . q) v_p
+//   GDN:     S_{t-1}k, S_{t-1}q from (S k, S q) and the cached u; u_t = b (v - a S_{t-1}k);
+//            o = a S_{t-1}q + u_t (k . q)
+// The checkpoint stream does not depend on the records, so its first batch of loads is issued
+// before the record phase and every later batch before the previous one is consumed: the DRAM
+// latency overlaps the record phase and the dot products (what a 2-7x smaller LP read needs).
+template <ssm::Recurrence K, StorageFormat R, int DK>
+__device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
+                                      const ReplayShared& sh) {
+  using T = Tile<R, DK>;
+  constexpr int E = T::E, P = T::P, LPR = T::LPR, RW = T::RW;
+  constexpr int NV = K == ssm::Recurrence::gdn ? 2 : 1;
+  constexpr int kBatch = R == StorageFormat::nvfp4 ? 2 : 4;  // row iterations per batch of loads
+  const int L = A.window, h0 = win.h;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int NH = bg.NH, dv = bg.dv;
+  const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
+  const __nv_bfloat16* q_t = A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
+  const int staged = K == ssm::Recurrence::mamba2 ? h0 + 1 : h0;
+  // By value: a reference chosen at run time between two kernel-parameter members would have to
+  // live in local memory (measured: local loads in the stream loop).
+  const DeviceState read_state = A.split ? A.read : A.recur;
+  const std::size_t hb0 = static_cast<std::size_t>(bg.b) * bg.H + bg.head0;
+  const HeadView rv = head_view(read_state, hb0, dv, DK);  // NH adjacent heads: one tall matrix
+  const float* const tensor_scales = read_state.tensor_scales;
+  const int rows_total = NH * dv;
+  const int iterations = (rows_total + kWarps * RW - 1) / (kWarps * RW);
+  auto row_of = [&](int it) { return (it * kWarps + warp) * RW + T::row_in_iteration(lane); };
+  RawPiece raw[kBatch][P];
+  float tscale[kBatch];
+  load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, dv, rows_total, iterations, 0, raw, tscale);
+
+  // Record phase: record vectors, decay weights, key products (c1_p = k_p . q_t; GDN c2_p = k_p . k_t).
+  stage_record_vectors<K>(A, bg, win, sh.vals, sh.stride, h0, staged, false, nullptr);
+  stage_decay_weights(A, bg, win, sh, h0, staged, false);
+  {
+    using KT = Tile<StorageFormat::fp32, DK>;
+    float qf[KT::P][4], kf[KT::P][4];
+    load_lane_vector<4, KT::P, KT::LPR>(q_t, lane, qf);
+    load_lane_vector<4, KT::P, KT::LPR>(k_t, lane, kf);
+    key_products<DK, 1, K == ssm::Recurrence::gdn ? 2 : 1>(
+        staged,
+        [&](int p) { return p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK; }, &qf, &kf,
+        [&](int p, int i, float sum) { (i == 0 ? sh.c1 : sh.c2)[p] = sum; });
+  }
+
+  // Stream the NH heads' read checkpoints: rows1 = S q (rows2 = S k).
+  float vecs[P][NV][E];  // lane slices of q (and k), piece-major as dot_raw_piece takes them
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int col = T::col(lane, p);
+#pragma unroll
+    for (int e = 0; e < E; e += 4) {
+      load_bf16x4(q_t + col + e, &vecs[p][0][e]);
+      if constexpr (K == ssm::Recurrence::gdn) load_bf16x4(k_t + col + e, &vecs[p][NV - 1][e]);
+    }
+  }
+  for (int it0 = 0; it0 < iterations; it0 += kBatch) {
+    RawPiece cur[kBatch][P];
+    float cur_scale[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      cur_scale[j] = tscale[j];
+#pragma unroll
+      for (int p = 0; p < P; ++p) cur[j][p] = raw[j][p];
+    }
+    if (it0 + kBatch < iterations)
+      load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, dv, rows_total, iterations, it0 + kBatch, raw, tscale);
+    constexpr int N = kBatch * NV;  // partial sums per lane, [j][v]
+    float acc[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+#pragma unroll
+      for (int p = 0; p < P; ++p) dot_raw_piece<R, NV>(cur[j][p], cur_scale[j], vecs[p], &acc[j * NV]);
+    if constexpr (N <= LPR) {
+      const float sum = row_sum_scatter<LPR, N>(acc);
+      const int i = scatter_index<LPR, N>(lane), j = i / NV, v = i % NV;
+      const int row = row_of(it0 + j);
+      if (lane % (LPR / N) == 0 && it0 + j < iterations && row < rows_total) (v == 0 ? sh.rows1 : sh.rows2)[row] = sum;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int row = row_of(it0 + j);
+#pragma unroll
+        for (int v = 0; v < NV; ++v) {
+          const float sum = row_sum<LPR>(acc[j * NV + v]);
+          if (lane % LPR == 0 && it0 + j < iterations && row < rows_total) (v == 0 ? sh.rows1 : sh.rows2)[row] = sum;
+        }
+      }
+    }
+  }
+  float kq_t = 0.0f;
+  if (K == ssm::Recurrence::gdn) kq_t = warp_dot_bf16<DK>(k_t, q_t, lane);
+  __syncthreads();
+  // One thread per (head, row): fold the staged records.
+  for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
+    const int n = idx / dv, r = idx % dv;
+    const std::size_t hb = hb0 + n;
+    const float* vn = sh.vals + static_cast<std::size_t>(n) * L * dv;
+    const float* wn = sh.w + n * L;
+    const float gamma = sh.gamma[n];
+    if (K == ssm::Recurrence::mamba2) {
+      float o = gamma * sh.rows1[idx];
+      for (int p = 0; p < staged; ++p) o = fmaf(wn[p] * sh.c1[p], vn[p * dv + r], o);
+      A.in.out[hb * dv + r] = o;
+    } else {
+      float sq = gamma * sh.rows1[idx], sk = gamma * sh.rows2[idx];
+      for (int p = 0; p < staged; ++p) {
+        const float up = vn[p * dv + r];
+        sq = fmaf(wn[p] * sh.c1[p], up, sq);
+        sk = fmaf(wn[p] * sh.c2[p], up, sk);
+      }
+      const float a_t = A.in.alpha[hb];
+      const float u = A.in.beta[hb] * (__bfloat162float(A.in.v[hb * dv + r]) - a_t * sk);
+      A.in.out[hb * dv + r] = fmaf(a_t, sq, u * kq_t);
+      A.rec.u[(ring_slot(A.rec, bg.b, win, h0) * bg.H + bg.head0 + n) * dv + r] = u;
+    }
+  }
+}
+
+// A replay step is two launches over the same grid, so each path gets its own register budget
+// (the flush path needs far more registers, and sharing a kernel would cap the occupancy of the
+// non-flush path that most steps take): blocks whose sequence does not take that path exit at once.
+// Both read window[parity]; the flush kernel, launched second, writes window[1 - parity].
+// Blocks per SM the register budget is sized for (ptxas -v: no spills at these bounds). NVFP4
+// pieces hold 32 columns, so a lane's slice of q (and k) alone takes 32 (64) registers.
+template <ssm::Recurrence K, StorageFormat R, int DK>
+constexpr int nonflush_min_blocks() {
+  if (DK == 256 || R == StorageFormat::nvfp4) return K == ssm::Recurrence::gdn ? 2 : 3;
+  return K == ssm::Recurrence::gdn && R == StorageFormat::fp8b128 ? 3 : 4;
+}
+template <ssm::Recurrence K, StorageFormat R, int DK>
+__global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) replay_nonflush_kernel(ReplayArgs A) {
+  extern __shared__ float smem[];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The flush kernel touches only flushing sequences (and the other window-state copy): let it
+  // launch now, so its blocks fill this grid's tail and, at small batches, its launch overlaps.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
+  const WindowState win = A.rec.window[A.rec.parity][bg.b];
+  if (win.h + 1 >= A.window) return;  // the flush kernel's sequence
+  const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false);
+  append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
+  replay_nonflush_block<K, R, DK>(A, bg, win, sh);
+}
+
+}  // namespace
+
+void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat read, const ReplayArgs& A, dim3 grid,
+                                           cudaStream_t stream) {
+  const std::size_t smem = sizeof(float) * replay_shared_floats(A.window, A.shape.dk, A.shape.dv, A.heads_per_block, false);
+  with_kind(kind, [&](auto K) {
+    with_dk(A.shape.dk, [&](auto DK) {
+      auto launch = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, false, stream); };
+      switch (read) {
+        case StorageFormat::fp32: launch(replay_nonflush_kernel<K(), StorageFormat::fp32, DK()>); break;
+        case StorageFormat::fp16: launch(replay_nonflush_kernel<K(), StorageFormat::fp16, DK()>); break;
+        case StorageFormat::bf16: launch(replay_nonflush_kernel<K(), StorageFormat::bf16, DK()>); break;
+        case StorageFormat::fp8b128:
+          if constexpr (DK() >= 128) launch(replay_nonflush_kernel<K(), StorageFormat::fp8b128, DK()>);
+          break;
+        case StorageFormat::nvfp4: launch(replay_nonflush_kernel<K(), StorageFormat::nvfp4, DK()>); break;
+        default: throw std::invalid_argument("unsupported read checkpoint format");
+      }
+    });
+  });
+}
+
+}  // namespace replayssm::cuda

@@ -1,0 +1,333 @@
+// Speculative verification (Algorithm 2): output-only verification of T drafts with the GDN UT transform,
+// a flush when h + T > L, and the commit (pointer rollback).
+#include "ssm/decode_common.cuh"
+
+namespace replayssm::cuda {
+
+using formats::StorageFormat;
+using namespace detail;
+using namespace decode_detail;
+
+namespace {
+
+// ================================ speculative verification ====================================
+struct VerifyArgs {
+  DecodeShape shape;
+  StepInputs in;
+  int window, drafts;
+  DeviceState ckpt;
+  DeviceRecords rec;
+  int heads_per_block;
+  int max_committed;  // max(L, records.max_drafts): the most committed records a verify step can see
+};
+
+__host__ __device__ inline std::size_t align4(std::size_t floats) { return (floats + 3) / 4 * 4; }
+
+// HM = max(L, T_max): a commit can leave h = L committed records (no flush: h + a <= L), or h = a <= T_max
+// after a flush.
+__host__ __device__ inline std::size_t verify_shared_floats(int HM, int T, int DK, int dv, int NH) {
+  const int L = HM, n = HM + T;  // positions a verify step can see: h <= HM committed (+ T drafts)
+  return align4(static_cast<std::size_t>(NH) * n * dv)  // record vectors (v or u) per head
+         + static_cast<std::size_t>(L) * DK          // committed keys (flush fold)
+         + 2 * static_cast<std::size_t>(n) * T       // key products kq, kk
+         + static_cast<std::size_t>(NH) * n * T      // decay weights per head
+         + static_cast<std::size_t>(NH) * n          // decays
+         + 2 * static_cast<std::size_t>(NH) * T      // d_s, beta_s
+         + 2 * static_cast<std::size_t>(NH) * dv * T   // S q_s, S k_s
+         + static_cast<std::size_t>(NH) * (L + 1);      // flush weights and gamma per head
+}
+
+// Output-only verification of T drafts for NH heads from an FP32 checkpoint (Algorithm 2; GDN: the
+// UT transform, solved per row by forward substitution). A flush (h + T > L) folds the h committed
+// records into the same streamed rows and writes them back.
+// Blocks per SM the verify kernel's registers are sized for: T drafts' query (and key) slices stay
+// in registers, 4T (8T) of them per lane at dk = 128.
+template <ssm::Recurrence K, int DK, int TD>
+constexpr int verify_min_blocks() {
+  if (DK == 256) return 1;
+  return TD == 8 && K == ssm::Recurrence::gdn ? 2 : 3;
+}
+
+template <ssm::Recurrence K, int DK, int TD>
+__global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) verify_kernel(VerifyArgs A) {
+  using T = Tile<StorageFormat::fp32, DK>;
+  constexpr int E = 4, P = T::P, LPR = T::LPR, RW = T::RW;
+  extern __shared__ float smem[];
+  const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
+  const int NH = bg.NH, dv = bg.dv;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const WindowState win = A.rec.window[A.rec.parity][bg.b];
+  const int h = win.h, n = h + TD, HM = A.max_committed, NP = HM + TD;
+  if (h > HM) __trap();  // the launcher sizes HM for every h a commit can leave
+  const bool flush = h + TD > A.window;
+  float* s_vals = smem;                                   // [NH][n][dv]
+  float* s_keys = s_vals + align4(static_cast<std::size_t>(NH) * NP * dv);  // [h][DK], 16-byte aligned
+  float* s_kq = s_keys + static_cast<std::size_t>(HM) * DK;          // [n][TD]
+  float* s_kk = s_kq + NP * TD;
+  float* s_w = s_kk + NP * TD;                            // [NH][n][TD]
+  float* s_a = s_w + NH * NP * TD;                        // [NH][n]
+  float* s_d = s_a + NH * NP;                             // [NH][TD]
+  float* s_beta = s_d + NH * TD;                          // [NH][TD]
+  float* s_rows = s_beta + NH * TD;                       // [2][TD][NH*dv] (row-minor: conflict-free reads)
+  float* s_fw = s_rows + 2 * NH * dv * TD;                // [NH][HM] flush weights prod_{l=p+1}^{h-1} a_l
+  float* s_fg = s_fw + NH * HM;                           // [NH] flush gamma prod_{l<h} a_l
+  const std::size_t hb0 = static_cast<std::size_t>(bg.b) * bg.H + bg.head0;
+  auto draft_k = [&](int s) { return A.in.k + ((static_cast<std::size_t>(bg.b) * TD + s) * bg.G + bg.g) * DK; };
+  auto draft_q = [&](int s) { return A.in.q + ((static_cast<std::size_t>(bg.b) * TD + s) * bg.G + bg.g) * DK; };
+  auto key_at = [&](int p) { return p >= h ? draft_k(p - h) : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK; };
+  auto in_head = [&](int s, int nn) { return (static_cast<std::size_t>(bg.b) * TD + s) * bg.H + bg.head0 + nn; };
+  // Draft records after the committed ones (rejected ones are overwritten later).
+  const SmallDiv per_draft(NH);
+  copy_vectors(
+      TD * NH, dv,
+      [&](int vec, int r) { const int s = per_draft(vec), nn = vec - s * NH; return A.in.v[in_head(s, nn) * dv + r]; },
+      [&](int vec, int r, __nv_bfloat16 x) {
+        const int s = per_draft(vec), nn = vec - s * NH;
+        A.rec.v[(ring_slot(A.rec, bg.b, win, h + s) * bg.H + bg.head0 + nn) * dv + r] = x;
+      });
+  if (bg.vh0 == 0)
+    copy_unrolled<4>(
+        TD * DK / 2, [&](int i) { return reinterpret_cast<const __nv_bfloat162*>(draft_k(2 * i / DK))[i % (DK / 2)]; },
+        [&](int i, __nv_bfloat162 x) {
+          const std::size_t slot = ring_slot(A.rec, bg.b, win, h + 2 * i / DK);
+          reinterpret_cast<__nv_bfloat162*>(A.rec.k + (slot * bg.G + bg.g) * DK)[i % (DK / 2)] = x;
+        });
+  for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) {
+    const int s = idx / NH, nn = idx % NH;
+    const std::size_t slot = ring_slot(A.rec, bg.b, win, h + s);
+    A.rec.alpha[slot * bg.H + bg.head0 + nn] = A.in.alpha[in_head(s, nn)];
+    if (K == ssm::Recurrence::gdn) A.rec.beta[slot * bg.H + bg.head0 + nn] = A.in.beta[in_head(s, nn)];
+  }
+  // Stage: committed record vectors (v or u), draft v (Mamba-2), decays, betas, committed keys.
+  const int committed_vals = K == ssm::Recurrence::mamba2 ? n : h;
+  const SmallDiv per_head(committed_vals > 0 ? committed_vals : 1);
+  copy_vectors(
+      NH * committed_vals, dv,
+      [&](int vec, int r) {
+        const int nn = per_head(vec), p = vec - nn * committed_vals;
+        if (p >= h) return __bfloat162float(A.in.v[in_head(p - h, nn) * dv + r]);
+        const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn) * dv + r;
+        return K == ssm::Recurrence::mamba2 ? __bfloat162float(A.rec.v[rec]) : A.rec.u[rec];
+      },
+      [&](int vec, int r, float x) {
+        const int nn = per_head(vec), p = vec - nn * committed_vals;
+        s_vals[(static_cast<std::size_t>(nn) * NP + p) * dv + r] = x;
+      });
+  copy_unrolled<2>(
+      NH * n,
+      [&](int idx) {
+        const int nn = idx / n, p = idx % n;
+        return p >= h ? A.in.alpha[in_head(p - h, nn)] : A.rec.alpha[ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn];
+      },
+      [&](int idx, float x) { s_a[(idx / n) * NP + idx % n] = x; });
+  if (K == ssm::Recurrence::gdn)
+    for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) s_beta[idx] = A.in.beta[in_head(idx % TD, idx / TD)];
+  if (flush)
+    copy_unrolled<4>(
+        h * DK / 2,
+        [&](int i) {
+          const int p = 2 * i / DK;
+          return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(
+              A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK)[i % (DK / 2)]);
+        },
+        [&](int i, float2 x) { reinterpret_cast<float2*>(s_keys)[i] = x; });
+  // The drafts' queries (and keys), lane slices for the streamed rows and the key products.
+  float qv[TD][P][E], kv[K == ssm::Recurrence::gdn ? TD : 1][P][E];
+#pragma unroll
+  for (int s = 0; s < TD; ++s)
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      load_bf16x4(draft_q(s) + T::col(lane, p), qv[s][p]);
+      if constexpr (K == ssm::Recurrence::gdn) load_bf16x4(draft_k(s) + T::col(lane, p), kv[s][p]);
+    }
+  // Key products, once for the NH heads: s_kq[p][s] = k_p . q_s (p <= h + s), s_kk[p][s] = k_p . k_s
+  // (p < h + s), all drafts at once.
+  key_products<DK, TD, K == ssm::Recurrence::gdn ? 2 : 1>(n, key_at, qv, kv, [&](int p, int i, float sum) {
+    const int v = i / TD, s = i % TD;
+    if (v == 0 ? p <= h + s : p < h + s) (v == 0 ? s_kq : s_kk)[p * TD + s] = sum;
+  });
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) {  // w[p][s] = prod_{l=p+1}^{h+s} a_l, d_s
+    const int nn = idx / TD, s = idx % TD;
+    float w = 1.0f;
+    for (int p = h + s; p >= 0; --p) {
+      s_w[(nn * NP + p) * TD + s] = w;
+      w *= s_a[nn * NP + p];
+    }
+    s_d[nn * TD + s] = w;
+  }
+  if (flush)  // the committed records' weights for the fold, one warp per head
+    for (int nn = warp; nn < NH; nn += kWarps) {
+      const SuffixProducts fw = warp_suffix_products(lane < h ? s_a[nn * NP + lane] : 1.0f,
+                                                     lane + 32 < h ? s_a[nn * NP + lane + 32] : 1.0f);
+      if (lane < h) s_fw[nn * HM + lane] = fw.lo;
+      if (lane + 32 < h) s_fw[nn * HM + lane + 32] = fw.hi;
+      if (lane == 0) s_fg[nn] = fw.gamma;
+    }
+  // One streaming read of the NH checkpoints: S q_s (and S k_s) for every draft.
+  __syncthreads();
+  const HeadView ck = head_view(A.ckpt, hb0, dv, DK);
+  const int rows_total = NH * dv;
+  constexpr int kBatch = TD >= 8 ? 2 : 4;  // row iterations whose loads are issued together
+  for (int it0 = 0; it0 * kWarps * RW < rows_total; it0 += kBatch) {
+    float xb[kBatch][P][E];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int row = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        if (row < rows_total) load4<StorageFormat::fp32, DK>(ck, row, T::col(lane, p), xb[j][p]);
+        else for (int e = 0; e < E; ++e) xb[j][p][e] = 0.0f;
+      }
+    }
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    const int row = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
+    const bool valid = row < rows_total;
+    float (&x)[P][E] = xb[j];
+    {
+      constexpr int NV = K == ssm::Recurrence::gdn ? 2 : 1, N = TD * NV;  // partial sums [v][s]
+      float part[N];
+#pragma unroll
+      for (int s = 0; s < TD; ++s) {
+        part[s] = 0.0f;
+        if constexpr (K == ssm::Recurrence::gdn) part[TD + s] = 0.0f;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          part[s] = dot_acc<E>(x[p], qv[s][p], part[s]);
+          if constexpr (K == ssm::Recurrence::gdn) part[TD + s] = dot_acc<E>(x[p], kv[s][p], part[TD + s]);
+        }
+      }
+      if constexpr (N <= LPR) {
+        const float sum = row_sum_scatter<LPR, N>(part);
+        const int i = scatter_index<LPR, N>(lane);
+        if (valid && lane % (LPR / N) == 0) s_rows[i * rows_total + row] = sum;
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const float sum = row_sum<LPR>(part[i]);
+          if (valid && lane % LPR == 0) s_rows[i * rows_total + row] = sum;
+        }
+      }
+    }
+    if (flush && h > 0) {
+      // S_new = gamma_h S + sum_{p<h} prod_{l=p+1}^{h-1} a_l  v_p k_p^T (Mamba-2: v; GDN: cached u).
+      const int nn = valid ? row / dv : 0, r = row % dv;
+      const float gamma_h = s_fg[nn];
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+#pragma unroll
+        for (int e = 0; e < E; ++e) x[p][e] *= gamma_h;
+      for (int j = 0; j < h; ++j) {
+        const float c = valid ? s_fw[nn * HM + j] * s_vals[(static_cast<std::size_t>(nn) * NP + j) * dv + r] : 0.0f;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const float4 k4 = *reinterpret_cast<const float4*>(s_keys + j * DK + T::col(lane, p));
+          x[p][0] = fmaf(c, k4.x, x[p][0]);
+          x[p][1] = fmaf(c, k4.y, x[p][1]);
+          x[p][2] = fmaf(c, k4.z, x[p][2]);
+          x[p][3] = fmaf(c, k4.w, x[p][3]);
+        }
+      }
+      if (valid)
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+          store_piece<StorageFormat::fp32, DK>(ck, row, T::col(lane, p), x[p], formats::RoundingMode::nearest_even, 0, 0);
+    }
+  }
+  }
+  __syncthreads();
+  // One thread per (head, row): GDN solves the drafts' corrections (forward substitution of
+  // U_d (I + A B_d) = R B_d), then every draft output folds the records.
+  for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
+    const int nn = idx / dv, r = idx % dv;
+    const float* vn = s_vals + static_cast<std::size_t>(nn) * NP * dv;
+    const float* wn = s_w + nn * NP * TD;
+    float u_d[TD];
+    if (K == ssm::Recurrence::gdn) {
+#pragma unroll
+      for (int s = 0; s < TD; ++s) {
+        float sk = s_d[nn * TD + s] * s_rows[(TD + s) * rows_total + idx];
+        for (int p = 0; p < h; ++p) sk = fmaf(wn[p * TD + s] * s_kk[p * TD + s], vn[p * dv + r], sk);
+#pragma unroll
+        for (int j = 0; j < s; ++j) sk = fmaf(wn[(h + j) * TD + s] * s_kk[(h + j) * TD + s], u_d[j], sk);
+        const float vs = __bfloat162float(A.in.v[in_head(s, nn) * dv + r]);
+        u_d[s] = s_beta[nn * TD + s] * (vs - sk);
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < TD; ++s) {
+      float o = s_d[nn * TD + s] * s_rows[s * rows_total + idx];
+      const int committed = K == ssm::Recurrence::gdn ? h : h + s + 1;
+      for (int p = 0; p < committed; ++p) o = fmaf(wn[p * TD + s] * s_kq[p * TD + s], vn[p * dv + r], o);
+      if (K == ssm::Recurrence::gdn)
+#pragma unroll
+        for (int j = 0; j <= s; ++j) o = fmaf(wn[(h + j) * TD + s] * s_kq[(h + j) * TD + s], u_d[j], o);
+      A.in.out[in_head(s, nn) * dv + r] = o;
+    }
+    if (K == ssm::Recurrence::gdn)
+#pragma unroll
+      for (int s = 0; s < TD; ++s) A.rec.u[(ring_slot(A.rec, bg.b, win, h + s) * bg.H + bg.head0 + nn) * dv + r] = u_d[s];
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    WindowState next = win;
+    if (flush) {  // drop the committed records: the drafts become window positions 0..T-1
+      next.start = (win.start + h) % A.rec.capacity;
+      next.h = 0;
+      next.flushes = win.flushes + 1;
+    }
+    A.rec.window[1 - A.rec.parity][bg.b] = next;
+  }
+}
+
+__global__ void commit_kernel(int batch, const int* accepted, DeviceRecords rec) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= batch) return;
+  WindowState w = rec.window[rec.parity][b];
+  w.h += accepted[b];
+  rec.window[1 - rec.parity][b] = w;
+}
+
+}  // namespace
+
+void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
+                 DeviceRecords& records, cudaStream_t stream) {
+  check_shape(shape);
+  if (config.split() || config.recur.format != StorageFormat::fp32)
+    throw std::invalid_argument("verification kernels read an fp32 shared checkpoint");
+  if (config.window < 1 || config.window > kMaxWindow)
+    throw_invalid_argument("verification supports 1 <= L <= 64", "L", config.window);
+  if (drafts > records.max_drafts)
+    throw_invalid_argument("verification: more drafts than the record ring was sized for (DeviceRecords::max_drafts)", "T",
+                           drafts, "max_drafts", records.max_drafts);
+  const int max_committed = std::max(config.window, records.max_drafts);
+  if (max_committed + 1 > kMaxWindow)
+    throw_invalid_argument("verification supports max(L, T) + 1 <= 64 (the next standard step may fold that many records)",
+                           "L", config.window, "max_drafts", records.max_drafts);
+  if (records.capacity < max_committed + records.max_drafts)
+    throw_invalid_argument("record ring needs capacity max(L, T) + T", "capacity", records.capacity, "needed",
+                           max_committed + records.max_drafts);
+  const int NH = heads_per_block(shape, config.heads_per_block);
+  VerifyArgs A{shape, in, config.window, drafts, config.recur, records, NH, max_committed};
+  const dim3 grid(shape.value_heads / NH, shape.batch);
+  const std::size_t smem = sizeof(float) * verify_shared_floats(max_committed, drafts, shape.dk, shape.dv, NH);
+  with_kind(kind, [&](auto K) {
+    with_dk(shape.dk, [&](auto DK) {
+      with_drafts(drafts, [&](auto TD) {
+        auto kernel = verify_kernel<K(), DK(), TD()>;
+        REPLAYSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        kernel<<<grid, kThreads, smem, stream>>>(A);
+      });
+    });
+  });
+  REPLAYSSM_CUDA_CHECK_LAUNCH();
+  records.parity = 1 - records.parity;
+}
+
+void commit_step(const DecodeShape& shape, const int* accepted, DeviceRecords& records, cudaStream_t stream) {
+  commit_kernel<<<(shape.batch + 127) / 128, 128, 0, stream>>>(shape.batch, accepted, records);
+  REPLAYSSM_CUDA_CHECK_LAUNCH();
+  records.parity = 1 - records.parity;
+}
+
+}  // namespace replayssm::cuda
