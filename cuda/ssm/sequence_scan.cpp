@@ -6,21 +6,30 @@
 
 #include <stdexcept>
 
+#include "cuda_check.h"
 #include "ssm/sequence_scan_kernel.h"
 
 namespace replayssm::cuda {
 
 std::string scan_unsupported_reason(const ssm::PrecisionPolicy& policy) {
-  if (policy.uses_rounding(formats::Rounding::ef))
-    return fmt::format("policy {} rounds by error feedback (+ef), which the GPU scan kernels do not implement yet "
-                       "(the CPU reference does)",
-                       policy.to_string());
-  if (policy.skip.mode != ssm::CheckpointSkip::Mode::off)
-    return fmt::format("policy {} skips checkpoint reads (appendix F), which the GPU scan kernels do not implement "
-                       "yet (the CPU reference does)",
-                       policy.to_string());
+  (void)policy;  // every scheme, format, rounding (rtn, sr, ef) and skip mode has a GPU scan
   return {};
 }
+
+namespace {
+
+// The kernels' element rounding of a stored copy: error feedback rounds y = x + residual to
+// nearest (formats::fake_quantize_with_error_feedback), the residual handled beside it.
+formats::RoundingMode kernel_rounding(const ssm::StateFormat& f) {
+  return f.rounding == formats::Rounding::ef ? formats::RoundingMode::nearest_even
+                                             : formats::element_rounding_mode(f.rounding);
+}
+
+bool uses_error_feedback(const ssm::StateFormat& f) {
+  return f.rounding == formats::Rounding::ef && f.format != formats::StorageFormat::fp32;  // fp32 stores exactly
+}
+
+}  // namespace
 
 void emulate_layer_sequence_gpu(const ssm::LayerSequence& seq, const ssm::PrecisionPolicy& policy, uint32_t layer,
                                 cudaStream_t stream, ScanCheckpoints* checkpoints) {
@@ -52,9 +61,9 @@ void emulate_layer_sequence_gpu(const ssm::LayerSequence& seq, const ssm::Precis
              : split                                          ? detail::ScanScheme::split
                                                               : detail::ScanScheme::shared;
   a.recur_format = policy.recur.format;
-  a.recur_mode = formats::element_rounding_mode(policy.recur.rounding);
+  a.recur_mode = kernel_rounding(policy.recur);
   a.read_format = split ? policy.read.format : formats::StorageFormat::fp32;
-  a.read_mode = formats::element_rounding_mode(policy.read.rounding);
+  a.read_mode = split ? kernel_rounding(policy.read) : formats::RoundingMode::nearest_even;
   a.seed = policy.seed;
   a.layer = layer;
   a.n_tokens = seq.n_tokens;
@@ -71,7 +80,37 @@ void emulate_layer_sequence_gpu(const ssm::LayerSequence& seq, const ssm::Precis
     a.checkpoint_read = checkpoints->read;
     a.checkpoint_events = events;
   }
-  detail::launch_sequence_scan(a, stream);
+  if (policy.skip.mode != ssm::CheckpointSkip::Mode::off) {
+    a.skip = true;
+    a.skip_threshold_read = policy.skip.threshold_for(split ? policy.read : policy.recur);
+    a.skip_threshold_flush = policy.skip.threshold_for(policy.recur);
+    if (checkpoints) a.skip_counts = checkpoints->skip_counts;
+  } else if (checkpoints && checkpoints->skip_counts) {
+    throw std::invalid_argument("emulate_layer_sequence_gpu: skip counts asked of policy " + policy.to_string() +
+                                ", which does not skip");
+  }
+  // Error-feedback residuals start at zero (ssm::error_feedback_residual), one buffer per ef copy,
+  // stream-ordered so the call stays asynchronous.
+  const bool recur_ef = uses_error_feedback(policy.recur), read_ef = split && uses_error_feedback(policy.read);
+  const std::size_t residual_bytes =
+      static_cast<std::size_t>(seq.n_value_heads) * static_cast<std::size_t>(seq.dv) * static_cast<std::size_t>(seq.dk) *
+      sizeof(float);
+  float* residuals = nullptr;
+  const int n_residuals = int{recur_ef} + int{read_ef};
+  if (n_residuals > 0) {
+    REPLAYSSM_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&residuals), n_residuals * residual_bytes, stream));
+    REPLAYSSM_CUDA_CHECK(cudaMemsetAsync(residuals, 0, n_residuals * residual_bytes, stream));
+    float* next = residuals;
+    if (recur_ef) a.residual_recur = next, next += residual_bytes / sizeof(float);
+    if (read_ef) a.residual_read = next;
+  }
+  try {
+    detail::launch_sequence_scan(a, stream);
+  } catch (...) {
+    if (residuals) (void)cudaFreeAsync(residuals, stream);
+    throw;
+  }
+  if (residuals) REPLAYSSM_CUDA_CHECK(cudaFreeAsync(residuals, stream));
 }
 
 }  // namespace replayssm::cuda

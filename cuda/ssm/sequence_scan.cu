@@ -27,6 +27,11 @@
 // host/device definitions (src/formats), random words from the same Philox streams
 // (ssm/sr_stream.h), counter = row * dk + col, as the CPU.
 //
+// Error feedback (+ef): an ef copy's residual E is a device buffer in the checkpoint layout, read
+// and written by the thread that owns each element at that copy's events only (quantize_copy):
+// y = S + E, the NVFP4 tensor amax over y, RTN, E = y - Q(y). Appendix F skipping (kSkip): W and
+// gamma_h beside the states (SkipWindow), the decision warp-uniform.
+//
 // Inputs: each warp loads the next token's k, q, decays and its rows' v into registers one token
 // ahead, and asks L2 for the lines of the token kL2PrefetchTokens ahead, so the register loads find
 // them in L2 instead of waiting on DRAM.
@@ -308,8 +313,94 @@ __device__ __forceinline__ void quantize_rows(float (&S)[RB][J], const RowsOfThr
   }
 }
 
-// blocks_per_head blocks (one cluster when cluster_amax) run value head blockIdx.x / blocks_per_head.
+// Error feedback around one copy's quantization (ssm::quantize_state with a residual): before it,
+// S <- y = S + E and E <- y; after it (S now Q_rtn(y)), E <- y - S. `residual` is this head's
+// dv x dk slot. The same float32 additions as the CPU (x + e == e + x bitwise).
 template <int J, int RB>
+__device__ __forceinline__ void add_residual(float (&S)[RB][J], const RowsOfThread& r, float* residual) {
+#pragma unroll
+  for (int i = 0; i < RB; ++i)
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (r.row0 + i < r.dv && 32 * j + r.lane < r.dk) {
+        float* e = residual + static_cast<int64_t>(r.row0 + i) * r.dk + 32 * j + r.lane;
+        S[i][j] = S[i][j] + *e;
+        *e = S[i][j];
+      }
+}
+template <int J, int RB>
+__device__ __forceinline__ void take_residual(const float (&S)[RB][J], const RowsOfThread& r, float* residual) {
+#pragma unroll
+  for (int i = 0; i < RB; ++i)
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (r.row0 + i < r.dv && 32 * j + r.lane < r.dk) {
+        float* e = residual + static_cast<int64_t>(r.row0 + i) * r.dk + 32 * j + r.lane;
+        *e = *e - S[i][j];
+      }
+}
+
+// One copy's quantization event with or without error feedback. `shared_amax`: the NVFP4 tensor
+// amax of the copy's input when no residual changes it (computed once for both copies of a split
+// flush); with a residual the amax is taken over y, as the CPU takes it.
+template <int J, int RB>
+__device__ __forceinline__ void quantize_copy(float (&S)[RB][J], const RowsOfThread& r, formats::StorageFormat f,
+                                              RoundingMode mode, uint64_t seed, uint64_t stream, float* checkpoint,
+                                              float shared_amax, float* residual, float (*slots)[kScanWarpsPerBlock],
+                                              int& parity) {
+  if (residual) add_residual(S, r, residual);
+  const float amax = residual && f == formats::StorageFormat::nvfp4 ? head_tensor_amax(S, r, slots, parity) : shared_amax;
+  quantize_rows(S, r, f, mode, seed, stream, checkpoint, amax);
+  if (residual) take_residual(S, r, residual);
+}
+
+// Appendix F's running quantities of one head (ssm HeadEmulator::skip_read): W = REPLAY(0, B[1:h])
+// lives with the other states; gamma_h is the float32 product of the window's decays in token
+// order, per lane for its KDA key channels (the decision uses the largest over all dk), one
+// scalar otherwise. Every warp of the head computes the same gamma, so decisions agree.
+template <int J>
+struct SkipWindow {
+  float gamma[J];
+  int64_t steps = 0, steps_skipped = 0, flushes = 0, flushes_skipped = 0;
+  __device__ __forceinline__ void start() {
+#pragma unroll
+    for (int j = 0; j < J; ++j) gamma[j] = 1.0f;
+  }
+  template <int RB>
+  __device__ __forceinline__ bool decide(Recurrence kind, const TokenInputs<J, RB>& in, bool flush, float threshold,
+                                         int dk, int lane) {
+    float largest;
+    if (kind == Recurrence::kda) {
+      largest = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+        if (32 * j + lane < dk) {
+          gamma[j] = gamma[j] * in.a[j];
+          largest = fmaxf(largest, gamma[j]);
+        }
+      largest = warp_max(largest, 32);
+    } else {
+      gamma[0] = gamma[0] * in.alpha;
+      largest = gamma[0];
+    }
+    const bool skip = largest < threshold;
+    (flush ? flushes : steps) += 1;
+    (flush ? flushes_skipped : steps_skipped) += skip;
+    return skip;
+  }
+};
+
+template <int J, int RB>
+__device__ __forceinline__ void copy_state(float (&dst)[RB][J], const float (&src)[RB][J]) {
+#pragma unroll
+  for (int i = 0; i < RB; ++i)
+#pragma unroll
+    for (int j = 0; j < J; ++j) dst[i][j] = src[i][j];
+}
+
+// blocks_per_head blocks (one cluster when cluster_amax) run value head blockIdx.x / blocks_per_head.
+// kSkip: the policy skips checkpoint reads (appendix F); only then does W take registers.
+template <int J, int RB, bool kSkip>
 __global__ void __launch_bounds__(kScanWarpsPerBlock * 32) sequence_scan_kernel(ScanKernelArgs p, int blocks_per_head) {
   __shared__ float amax_slots[2][kScanWarpsPerBlock];
   const int head = blockIdx.x / blocks_per_head, part = blockIdx.x % blocks_per_head;
@@ -325,18 +416,24 @@ __global__ void __launch_bounds__(kScanWarpsPerBlock * 32) sequence_scan_kernel(
     return base ? base + (static_cast<int64_t>(head) * p.checkpoint_events + static_cast<int64_t>(event)) * head_elements
                 : nullptr;
   };
+  auto residual_of = [&](float* base) -> float* { return base ? base + static_cast<int64_t>(head) * head_elements : nullptr; };
+  float* const residual_recur = residual_of(p.residual_recur);
+  float* const residual_read = residual_of(p.residual_read);
   auto stream_of = [&](ssm::CheckpointCopy copy, uint64_t event) {
     return ssm::pack_sr_stream(p.layer, static_cast<uint32_t>(key_head), static_cast<uint32_t>(g),
                                static_cast<uint32_t>(copy), event);
   };
 
   // R: conventional: the stored state; shared: S_run; split: the recur (HP) running state.
-  // S: split only, the read (LP) running state. Both start at zero.
-  float R[RB][J], S[RB][J];
+  // S: split only, the read (LP) running state. W: kSkip only, the window's zero-started running
+  // state. All start at zero.
+  float R[RB][J], S[RB][J], W[RB][J];
 #pragma unroll
   for (int i = 0; i < RB; ++i)
 #pragma unroll
-    for (int j = 0; j < J; ++j) S[i][j] = R[i][j] = 0.0f;
+    for (int j = 0; j < J; ++j) W[i][j] = S[i][j] = R[i][j] = 0.0f;
+  SkipWindow<J> skip_window;
+  skip_window.start();
 
   for (int t = 0; t < kL2PrefetchTokens && t < p.n_tokens; ++t) prefetch_token_l2<J, RB>(p, t, head, key_head, row0, lane);
   TokenInputs<J, RB> cur, next;
@@ -349,32 +446,67 @@ __global__ void __launch_bounds__(kScanWarpsPerBlock * 32) sequence_scan_kernel(
     if (t + 1 < p.n_tokens) load_token(p, t + 1, head, key_head, row0, lane, next);  // in flight during token t
     float* out_row = p.out + static_cast<int64_t>(t) * p.ld_out + static_cast<int64_t>(head) * p.dv;
     const bool flush = ++h == p.window;
+    // Appendix F (kSkip): W steps every token (GDN/KDA: u from W) and the decision is made on this
+    // token's gamma, after the read state steps, as HeadEmulator::skip_read. Decisions are
+    // warp-uniform, so a state is chosen by branch, never by a register-array select.
+    auto skip_read = [&](bool at_flush, float threshold) {
+      if constexpr (!kSkip) {
+        return false;
+      } else {
+        plain_step(p.kind, W, cur, p.dk, lane);
+        return skip_window.decide(p.kind, cur, at_flush, threshold, p.dk, lane);
+      }
+    };
     if (split && !flush) {  // non-flush: output from the read running state; recur keeps pace
       plain_step(p.kind, S, cur, p.dk, lane);
-      write_output(S, cur.q, p.dk, p.dv, row0, lane, out_row);
+      if (skip_read(false, p.skip_threshold_read))
+        write_output(W, cur.q, p.dk, p.dv, row0, lane, out_row);
+      else
+        write_output(S, cur.q, p.dk, p.dv, row0, lane, out_row);
       plain_step(p.kind, R, cur, p.dk, lane);
-    } else {  // conventional, shared; split flush: output (and both checkpoints) from R
+    } else if (split) {  // split flush: output and both checkpoints from R (skipped: a pure write of W)
       plain_step(p.kind, R, cur, p.dk, lane);
+      if (skip_read(true, p.skip_threshold_flush)) copy_state(R, W);
       write_output(R, cur.q, p.dk, p.dv, row0, lane, out_row);
+    } else {  // conventional (never skips), shared: output from S_run (skipped: from W, which becomes S_run)
+      plain_step(p.kind, R, cur, p.dk, lane);
+      if (skip_read(flush, flush ? p.skip_threshold_flush : p.skip_threshold_read)) {
+        write_output(W, cur.q, p.dk, p.dv, row0, lane, out_row);
+        if (flush) copy_state(R, W);
+      } else {
+        write_output(R, cur.q, p.dk, p.dv, row0, lane, out_row);
+      }
     }
     if (flush) {
-      // Split: the read copy is Q_read of the same R, so one tensor amax serves both copies.
-      const float amax = recur_nvfp4 || read_nvfp4 ? head_tensor_amax(R, rows, amax_slots, parity) : 0.0f;
+      // Split: the read copy is Q_read of the same R, so one tensor amax serves both copies unless
+      // a residual (+ef) changes a copy's input.
+      const bool shared_amax = (recur_nvfp4 && !residual_recur) || (read_nvfp4 && !residual_read);
+      const float amax = shared_amax ? head_tensor_amax(R, rows, amax_slots, parity) : 0.0f;
       if (split) {
+        copy_state(S, R);
+        quantize_copy(S, rows, p.read_format, p.read_mode, p.seed, stream_of(ssm::CheckpointCopy::read, event),
+                      checkpoint_of(p.checkpoint_read, event), amax, residual_read, amax_slots, parity);
+      }
+      if (p.recur_format != formats::StorageFormat::fp32 || p.checkpoint_recur)
+        quantize_copy(R, rows, p.recur_format, p.recur_mode, p.seed, stream_of(ssm::CheckpointCopy::recur, event),
+                      checkpoint_of(p.checkpoint_recur, event), amax, residual_recur, amax_slots, parity);
+      ++event;
+      h = 0;
+      if constexpr (kSkip) {
 #pragma unroll
         for (int i = 0; i < RB; ++i)
 #pragma unroll
-          for (int j = 0; j < J; ++j) S[i][j] = R[i][j];
-        quantize_rows(S, rows, p.read_format, p.read_mode, p.seed, stream_of(ssm::CheckpointCopy::read, event),
-                      checkpoint_of(p.checkpoint_read, event), amax);
+          for (int j = 0; j < J; ++j) W[i][j] = 0.0f;
+        skip_window.start();
       }
-      if (p.recur_format != formats::StorageFormat::fp32 || p.checkpoint_recur)
-        quantize_rows(R, rows, p.recur_format, p.recur_mode, p.seed, stream_of(ssm::CheckpointCopy::recur, event),
-                      checkpoint_of(p.checkpoint_recur, event), amax);
-      ++event;
-      h = 0;
     }
     cur = next;
+  }
+  if constexpr (kSkip) {
+    if (p.skip_counts && part == 0 && warp == 0 && lane == 0) {
+      int64_t* c = p.skip_counts + 4 * static_cast<int64_t>(head);
+      c[0] = skip_window.steps, c[1] = skip_window.steps_skipped, c[2] = skip_window.flushes, c[3] = skip_window.flushes_skipped;
+    }
   }
   // Peers may still read this block's amax slots through distributed shared memory: a block's
   // shared memory must outlive their reads.
@@ -405,7 +537,7 @@ Geometry geometry_for(const ScanKernelArgs& a, bool cluster_amax) {
 
 template <int J, int RB>
 void launch(const ScanKernelArgs& a, const Geometry& geo, bool cluster_amax, cudaStream_t stream) {
-  auto kernel = sequence_scan_kernel<J, RB>;
+  auto kernel = a.skip ? sequence_scan_kernel<J, RB, true> : sequence_scan_kernel<J, RB, false>;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(a.n_value_heads) * static_cast<unsigned>(geo.blocks_per_head));
   config.blockDim = dim3(static_cast<unsigned>(geo.warps_per_block * 32));

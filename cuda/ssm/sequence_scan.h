@@ -8,6 +8,10 @@
 // different evaluation order of the same algebra: it would round differently, so its
 // checkpoints and outputs could not equal the emulator's bit for bit, which is the contract here.
 //
+// Error feedback keeps each ef copy's residual in a device buffer of the head's state size
+// (allocated stream-ordered for the launch), read and written only at that copy's quantization
+// events. Skipping keeps the window's zero-started running state W in registers beside the others.
+//
 // Limits (std::invalid_argument beyond them): dk <= 256, dv <= 256; the checks of
 // ssm::check_layer_sequence otherwise (the same exceptions as the CPU twin).
 #pragma once
@@ -29,15 +33,19 @@ inline constexpr int kScanMaxDk = 256, kScanMaxDv = 256;
 //   ((h * events + e) * dv + r) * dk + c        (64-bit index)
 // with events = ssm::quantization_events(policy, n_tokens); event e happened at token e
 // (conventional) or (e + 1) L - 1 (shared, split).
+// skip_counts (optional, policies with ',skip='): device, n_value_heads x 4 int64, per value head
+// the emulator's SkipCounts in field order (steps, steps_skipped, flushes, flushes_skipped).
 struct ScanCheckpoints {
   float* recur = nullptr;   // device, n_value_heads * events * dv * dk floats: the recur copy
   float* read = nullptr;    // split policies: the read copy, same layout; must be null otherwise
   int64_t events = 0;       // events per head the buffers hold; must equal quantization_events
+  int64_t* skip_counts = nullptr;
 };
 
-// Why the scan kernels cannot run `policy` (empty when they can): error feedback (+ef) and
-// checkpoint-read skipping (,skip=) have no GPU scan yet. The sweep engine asks before any work, so --device auto falls back to the CPU and
-// --device cuda refuses.
+// Why the scan kernels cannot run `policy` (empty when they can). Every policy the grammar
+// accepts runs today, error feedback (+ef) and appendix F skipping (,skip=) included; the sweep
+// engine still asks before any work, so a policy added to the grammar without a GPU scan makes
+// --device auto fall back to the CPU and --device cuda refuse, instead of running something else.
 std::string scan_unsupported_reason(const ssm::PrecisionPolicy& policy);
 
 // `seq` holds device pointers (layout: ssm::LayerSequence). Asynchronous on `stream`. Checkpoints are written only when `checkpoints`

@@ -30,6 +30,16 @@ struct ScanKernelArgs {
   float* checkpoint_recur = nullptr;  // ScanCheckpoints layout, or null
   float* checkpoint_read = nullptr;
   int64_t checkpoint_events = 0;
+  // Error feedback (+ef) of a copy: its modes are round-to-nearest and its residual lives here
+  // (device, [value head][dv][dk], zeroed before the launch); null: that copy does not use ef.
+  float* residual_recur = nullptr;
+  float* residual_read = nullptr;
+  // Appendix F skipping (,skip=): a non-flush step skips its read when gamma_h < threshold_read
+  // (the copy it reads: split the read copy, shared the recur copy), a flush when gamma_L <
+  // threshold_flush (the recur copy). skip_counts: null, or [value head][4] int64 (SkipCounts order).
+  bool skip = false;
+  float skip_threshold_read = 0.0f, skip_threshold_flush = 0.0f;
+  int64_t* skip_counts = nullptr;
 };
 
 // One launch for all value heads (validated arguments, 1 <= dk, dv <= 256, n_tokens >= 1).

@@ -6,7 +6,8 @@
 // strided inputs, an FP16 overflow, 64-bit offsets at N = 131072; the split of a head's rows over
 // several blocks (rows per warp and blocks per head depend on the layer's size, see
 // sequence_scan.cu): dv not a multiple of the rows per warp or per block, NVFP4's cluster-wide
-// tensor amax over 2..8 blocks, many heads. Prints (does not assert) the kernel time of one
+// tensor amax over 2..8 blocks, many heads; error feedback (+ef) and appendix F skipping
+// (,skip=) with their skip counts. Prints (does not assert) the kernel time of one
 // Qwen3.5-4B-shaped GDN layer and one tiny_mamba2-shaped layer at N = 131072. Skips (exit 77)
 // without a GPU.
 #include <doctest/doctest.h>
@@ -144,6 +145,7 @@ Diff compare(const std::vector<float>& got, const std::vector<float>& want, std:
 
 struct RunResult {
   std::vector<float> out, ck_recur, ck_read;
+  std::vector<int64_t> skips;  // skip policies: per value head steps, steps_skipped, flushes, flushes_skipped
 };
 
 // The CPU twin with checkpoints gathered into the ScanCheckpoints layout.
@@ -164,6 +166,13 @@ RunResult run_cpu(HostLayer& L, const PrecisionPolicy& p, uint32_t layer) {
     std::memcpy(&r.ck_recur[static_cast<std::size_t>(h * E + e) * hd], recur, hd * sizeof(float));
     if (split) std::memcpy(&r.ck_read[static_cast<std::size_t>(h * E + e) * hd], read, hd * sizeof(float));
   };
+  if (p.skip.mode != ssm::CheckpointSkip::Mode::off) {
+    r.skips.assign(4 * static_cast<std::size_t>(L.shape.heads()), -1);
+    opt.on_skip_counts = [&](int h, const ssm::SkipCounts& c) {
+      int64_t* d = &r.skips[4 * static_cast<std::size_t>(h)];
+      d[0] = c.steps, d[1] = c.steps_skipped, d[2] = c.flushes, d[3] = c.flushes_skipped;
+    };
+  }
   LayerSequence s = host_view(L, r.out);
   ssm::emulate_layer_sequence(s, p, layer, opt);
   for (int64_t c : count) REQUIRE(c == E);
@@ -195,20 +204,25 @@ RunResult run_gpu(HostLayer& L, const PrecisionPolicy& p, uint32_t layer) {
   const int64_t E = static_cast<int64_t>(ssm::quantization_events(p, L.n));
   const std::size_t n_ck = static_cast<std::size_t>(L.shape.heads() * E) * L.shape.dv * L.shape.dk;
   const bool split = p.scheme == ssm::DecodeScheme::split;
+  const bool skips = p.skip.mode != ssm::CheckpointSkip::Mode::off;
   cuda::DeviceBuffer<float> ck_recur(n_ck), ck_read(split ? n_ck : 0);
-  cuda::ScanCheckpoints ck{ck_recur.data(), split ? ck_read.data() : nullptr, E};
+  cuda::DeviceBuffer<int64_t> skip_counts;
+  if (skips) skip_counts.upload(std::vector<int64_t>(4 * static_cast<std::size_t>(L.shape.heads()), -1));
+  cuda::ScanCheckpoints ck{ck_recur.data(), split ? ck_read.data() : nullptr, E, skips ? skip_counts.data() : nullptr};
   cuda::emulate_layer_sequence_gpu(d.view(L), p, layer, nullptr, &ck);
   REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
   RunResult r;
   r.out = d.out.to_host();
   r.ck_recur = ck_recur.to_host();
   if (split) r.ck_read = ck_read.to_host();
+  if (skips) r.skips = skip_counts.to_host();
   return r;
 }
 
 struct CaseResult {
   Diff out, padding, recur, read;
   bool nonfinite_cpu = false;
+  int64_t reads_skipped = 0, reads = 0;  // skip policies: over all heads, non-flush steps and flushes (CPU)
 };
 
 // GPU vs CPU on one case; every difference is reported (counts and the first one).
@@ -231,6 +245,11 @@ CaseResult check_case(HostLayer& L, const PrecisionPolicy& p, uint32_t layer, co
   CHECK_MESSAGE(c.padding.differing == 0, c.padding.report("output padding (must stay untouched)", L.n * pad));
   CHECK_MESSAGE(c.recur.differing == 0, c.recur.report("recur checkpoints", cpu.ck_recur.size()));
   CHECK_MESSAGE(c.read.differing == 0, c.read.report("read checkpoints", cpu.ck_read.size()));
+  CHECK_MESSAGE(gpu.skips == cpu.skips, "skip counts (steps, skipped, flushes, skipped) per head differ");
+  for (std::size_t h = 0; h < cpu.skips.size(); h += 4) {
+    c.reads += cpu.skips[h] + cpu.skips[h + 2];
+    c.reads_skipped += cpu.skips[h + 1] + cpu.skips[h + 3];
+  }
   return c;
 }
 
@@ -280,6 +299,55 @@ TEST_CASE("scan == emulate_layer_sequence bit for bit: every policy kind, format
   }
   std::printf("[scan vs CPU] %d cases in %.1f s\n", cases,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+// Error feedback (+ef) and appendix F skipping (,skip=) against the CPU emulator: the residual
+// carried between a copy's events, the NVFP4 tensor amax over value + residual (one copy ef, the
+// other not, shares no amax), skipped reads and pure-write flushes. Fast decays make some reads
+// skip (asserted: a skip case that skips nothing, or everything, tests nothing); slow ones none.
+TEST_CASE("scan == emulate_layer_sequence bit for bit: error feedback and checkpoint-read skipping") {
+  const char* ef_policies[] = {"conv:fp16+ef",          "conv:nvfp4+ef",           "conv:fp8b128+ef",
+                               "shared:nvfp4+ef@16",    "shared:bf16+ef@5",        "shared:fp8b128+ef@8",
+                               "split:nvfp4+ef/fp32@16", "split:nvfp4/fp16+ef@8",  "split:nvfp4+ef/nvfp4+ef@4",
+                               "split:nvfp4+ef/nvfp4@6", "split:e4m3+ef/bf16+sr@5,seed=3", "split:fp16+ef/fp32@7"};
+  const char* skip_policies[] = {"shared:nvfp4@16,skip=auto",          "split:nvfp4/fp32@16,skip=auto",
+                                 "split:nvfp4/fp16+sr@8,seed=2,skip=0.05", "shared:fp16+sr@4,seed=4,skip=0.3",
+                                 "split:fp8b128/bf16@5,skip=auto",     "shared:nvfp4+ef@8,skip=0.1",
+                                 "split:nvfp4+ef/fp16+ef@16,skip=auto", "split:nvfp4+sr/nvfp4+sr@4,seed=6,skip=0.2"};
+  const Shape shapes[] = {{128, 24, 1, 3}, {64, 16, 2, 1}, {128, 80, 2, 2}, {256, 128, 1, 2},
+                          {128, 128, 2, 4}, {128, 200, 1, 2}, {256, 256, 1, 1}, {128, 18, 8, 20}};
+  uint64_t seed = test::kBaseSeed * 1000 + 9000;
+  int index = 0;
+  for (Recurrence kind : {Recurrence::mamba2, Recurrence::gdn, Recurrence::kda}) {
+    for (const char* text : ef_policies) {
+      const PrecisionPolicy p = PrecisionPolicy::parse(text);
+      const Shape s = shapes[index % std::size(shapes)];
+      const int n = (p.scheme == ssm::DecodeScheme::conventional ? 50 : 150) + 16 * (index % 3) + 5;
+      HostLayer L = make_layer(kind, s, n, index % 2 == 0, ++seed, 1 + index % 3);
+      check_case(L, p, static_cast<uint32_t>(index % 30), label_of(kind, s, n, text));
+      ++index;
+    }
+    int64_t reads = 0, skipped = 0;
+    for (const char* text : skip_policies) {
+      const PrecisionPolicy p = PrecisionPolicy::parse(text);
+      for (bool slow : {false, true}) {
+        const Shape s = shapes[index % std::size(shapes)];
+        const int n = 150 + 16 * (index % 3) + 5;
+        HostLayer L = make_layer(kind, s, n, slow, ++seed, 1 + index % 3);
+        const CaseResult c =
+            check_case(L, p, static_cast<uint32_t>(index % 30), label_of(kind, s, n, text) + (slow ? " slow" : " fast"));
+        if (slow) CHECK_MESSAGE(c.reads_skipped == 0, text << ": slow decays (>= 0.995) skipped a read");
+        if (!slow) {
+          CHECK_MESSAGE(c.reads_skipped > 0, text << ": fast decays skipped no read: the case tests nothing");
+          CHECK_MESSAGE(c.reads_skipped < c.reads, text << ": every read skipped, the checkpoint path untested");
+        }
+        reads += c.reads, skipped += c.reads_skipped;
+        ++index;
+      }
+    }
+    std::printf("[scan vs CPU, skip] %s: %lld of %lld reads skipped\n", std::string(to_string(kind)).c_str(),
+                static_cast<long long>(skipped), static_cast<long long>(reads));
+  }
 }
 
 TEST_CASE("scan: N = 1, N < L, GQA ratios 1..16") {
@@ -412,6 +480,14 @@ TEST_CASE("scan: argument checks as the CPU twin, and the GPU's own limits") {
   CHECK(test::contains(gpu_error([](LayerSequence& s) { s.dk = 320, s.ld_q = s.ld_k = 1000; }, p), "dk <= 256"));
   cuda::ScanCheckpoints wrong{d.out.data(), nullptr, 3};  // 8 tokens at L = 4 make 2 events
   CHECK(test::contains(gpu_error([](LayerSequence&) {}, p, &wrong), "2 over 8 tokens"));
+  cuda::DeviceBuffer<int64_t> counts(4 * 2);
+  cuda::DeviceBuffer<float> events_buffer(2 * 2 * 16 * 64);  // 2 heads x 2 events x 16 x 64
+  cuda::ScanCheckpoints no_skip{events_buffer.data(), nullptr, 2, counts.data()};
+  CHECK(test::contains(gpu_error([](LayerSequence&) {}, p, &no_skip), "which does not skip"));
+  // conventional + skip: the CPU twin's refusal, word for word
+  PrecisionPolicy conv_skip = PrecisionPolicy::parse("conv:fp16");
+  conv_skip.skip.mode = ssm::CheckpointSkip::Mode::automatic;
+  both([](LayerSequence&) {}, conv_skip);
 }
 
 namespace {
