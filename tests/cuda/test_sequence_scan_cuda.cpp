@@ -317,11 +317,20 @@ TEST_CASE("scan == emulate_layer_sequence bit for bit: error feedback and checkp
   const Shape shapes[] = {{128, 24, 1, 3}, {64, 16, 2, 1}, {128, 80, 2, 2}, {256, 128, 1, 2},
                           {128, 128, 2, 4}, {128, 200, 1, 2}, {256, 256, 1, 1}, {128, 18, 8, 20}};
   uint64_t seed = test::kBaseSeed * 1000 + 9000;
-  int index = 0;
+  int index = 0, shape_index = 0;
+  // The next shape (cycling) whose dk the policy's formats accept (fp8b128: a multiple of 128).
+  auto next_shape = [&](const PrecisionPolicy& p) {
+    const bool fp8 = p.recur.format == formats::StorageFormat::fp8b128 ||
+                     (p.scheme == ssm::DecodeScheme::split && p.read.format == formats::StorageFormat::fp8b128);
+    for (;;) {
+      const Shape s = shapes[shape_index++ % std::size(shapes)];
+      if (!fp8 || s.dk % 128 == 0) return s;
+    }
+  };
   for (Recurrence kind : {Recurrence::mamba2, Recurrence::gdn, Recurrence::kda}) {
     for (const char* text : ef_policies) {
       const PrecisionPolicy p = PrecisionPolicy::parse(text);
-      const Shape s = shapes[index % std::size(shapes)];
+      const Shape s = next_shape(p);
       const int n = (p.scheme == ssm::DecodeScheme::conventional ? 50 : 150) + 16 * (index % 3) + 5;
       HostLayer L = make_layer(kind, s, n, index % 2 == 0, ++seed, 1 + index % 3);
       check_case(L, p, static_cast<uint32_t>(index % 30), label_of(kind, s, n, text));
@@ -331,7 +340,7 @@ TEST_CASE("scan == emulate_layer_sequence bit for bit: error feedback and checkp
     for (const char* text : skip_policies) {
       const PrecisionPolicy p = PrecisionPolicy::parse(text);
       for (bool slow : {false, true}) {
-        const Shape s = shapes[index % std::size(shapes)];
+        const Shape s = next_shape(p);
         const int n = 150 + 16 * (index % 3) + 5;
         HostLayer L = make_layer(kind, s, n, slow, ++seed, 1 + index % 3);
         const CaseResult c =
