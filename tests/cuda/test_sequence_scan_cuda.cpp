@@ -337,18 +337,28 @@ TEST_CASE("scan == emulate_layer_sequence bit for bit: error feedback and checkp
       ++index;
     }
     int64_t reads = 0, skipped = 0;
+    // KDA skips by its largest channel's decay (the slowest channel must be resolvable too), so random
+    // per-channel decays in (0.3, 0.8) rarely skip within a window of 4-16 (the largest of 128 channels'
+    // products stays near 0.8^h; measured on the H200: one such case skipped nothing). KDA therefore
+    // also runs every policy on layers whose channels all decay at 0.35, where the skip assertions apply.
+    enum class Decays { fast, slow, fast_uniform };
+    std::vector<Decays> variants = {Decays::fast, Decays::slow};
+    if (kind == Recurrence::kda) variants.push_back(Decays::fast_uniform);
     for (const char* text : skip_policies) {
       const PrecisionPolicy p = PrecisionPolicy::parse(text);
-      for (bool slow : {false, true}) {
+      const std::string name(text);
+      for (Decays decays : variants) {
         const Shape s = next_shape(p);
         const int n = 150 + 16 * (index % 3) + 5;
-        HostLayer L = make_layer(kind, s, n, slow, ++seed, 1 + index % 3);
-        const CaseResult c =
-            check_case(L, p, static_cast<uint32_t>(index % 30), label_of(kind, s, n, text) + (slow ? " slow" : " fast"));
-        if (slow) CHECK_MESSAGE(c.reads_skipped == 0, text << ": slow decays (>= 0.995) skipped a read");
-        if (!slow) {
-          CHECK_MESSAGE(c.reads_skipped > 0, text << ": fast decays skipped no read: the case tests nothing");
-          CHECK_MESSAGE(c.reads_skipped < c.reads, text << ": every read skipped, the checkpoint path untested");
+        const bool slow = decays == Decays::slow;
+        HostLayer L = make_layer(kind, s, n, slow, ++seed, 1 + index % 3, 1.0f, decays == Decays::fast_uniform ? 0.35f : 0.0f);
+        const char* tag = slow ? " slow" : decays == Decays::fast ? " fast" : " fast uniform";
+        const CaseResult c = check_case(L, p, static_cast<uint32_t>(index % 30), label_of(kind, s, n, text) + tag);
+        if (slow) CHECK_MESSAGE(c.reads_skipped == 0, name << ": slow decays (>= 0.995) skipped a read");
+        const bool assert_skips = decays == Decays::fast_uniform || (decays == Decays::fast && kind != Recurrence::kda);
+        if (assert_skips) {
+          CHECK_MESSAGE(c.reads_skipped > 0, name << tag << ": fast decays skipped no read: the case tests nothing");
+          CHECK_MESSAGE(c.reads_skipped < c.reads, name << tag << ": every read skipped, the checkpoint path untested");
         }
         reads += c.reads, skipped += c.reads_skipped;
         ++index;
