@@ -67,6 +67,17 @@ struct WindowState {
   int reserved = 0;
 };
 
+// Device-resident parity of the window-state ping-pong, one per sequence (CUDA Graphs, paper appendix
+// D.2). With DeviceRecords::sync set, every kernel reads window[sync[b].parity][b], and the last of a
+// step's blocks for sequence b to finish flips that parity (a counter in `done`), so a captured step
+// replays with no host involvement: the flush decisions (h + 1 >= L, h + T > L) and the commit
+// h <- h + a are computed on the device from the device-resident h and accepted lengths. Without it
+// the launchers flip DeviceRecords::parity on the host, which a captured graph would bake in.
+struct WindowSync {
+  int parity = 0;
+  unsigned done = 0;  // blocks of the step in flight that have finished, for this sequence
+};
+
 struct DeviceRecords {
   int capacity = 0;
   __nv_bfloat16* k = nullptr;
@@ -81,6 +92,7 @@ struct DeviceRecords {
   // decoder does), so this sizes the flush's staging and the verification's: capacity must be
   // max(L, T) + T, and max(L, T) + 1 <= 64.
   int max_drafts = 0;
+  WindowSync* sync = nullptr;  // [B] on the device, zero-initialised; nullptr: host-side parity
 };
 
 struct ReplayConfig {
@@ -105,7 +117,8 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
 // checkpoint (shared) only.
 void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream);
-// h[b] += accepted[b] for every sequence (1 <= accepted <= T): pointer rollback, nothing copied.
+// h[b] += accepted[b] for every sequence (1 <= accepted <= T): pointer rollback, nothing copied. In
+// place on the current window state (no other kernel reads it meanwhile), so it flips no parity.
 void commit_step(const DecodeShape& shape, const int* accepted, DeviceRecords& records, cudaStream_t stream);
 
 // Baseline: T sequential updates from the state, writing each intermediate state to

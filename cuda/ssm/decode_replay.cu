@@ -37,7 +37,7 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   launch_replay_nonflush(kind, read, A, grid, stream);
   launch_replay_flush(kind, config.recur.format, A, grid, stream);
   REPLAYSSM_CUDA_CHECK_LAUNCH();
-  records.parity = 1 - records.parity;
+  advance_host_parity(records);
 }
 
 }  // namespace replayssm::cuda
