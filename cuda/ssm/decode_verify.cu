@@ -292,6 +292,7 @@ __global__ void commit_kernel(int batch, const int* accepted, DeviceRecords rec)
 
 void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream) {
+  if (kind == ssm::Recurrence::kda) return kda_detail::verify_step(shape, drafts, in, config, records, stream);
   check_shape(shape);
   if (config.split() || config.recur.format != StorageFormat::fp32)
     throw std::invalid_argument("verification kernels read an fp32 shared checkpoint");
