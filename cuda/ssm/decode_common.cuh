@@ -428,7 +428,7 @@ void with_kind(ssm::Recurrence k, F&& f) {
   switch (k) {
     case ssm::Recurrence::mamba2: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::mamba2>{}); break;
     case ssm::Recurrence::gdn: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::gdn>{}); break;
-    default: throw std::invalid_argument("decode kernels: recurrence kda is not implemented on the GPU (mamba2, gdn)");
+    default: throw std::invalid_argument("decode kernels: this operation implements mamba2 and gdn, not kda (kda: conventional_step, replay_step, verify_step and commit_step)");
   }
 }
 

@@ -19,6 +19,13 @@
 // sequence): k [B][cap][G][dk] bf16, v [B][cap][H][dv] bf16, u [B][cap][H][dv] fp32 (GDN), a and b
 // [B][cap][H] fp32. Bytes per record and head: Mamba-2 2dv + 4 (+ 2dk per key head); GDN adds the
 // fp32 u (4dv) and b (4): GDN records keep u in fp32 so replay equals conventional to fp32 rounding.
+//
+// KDA (Kimi Delta Attention, channel-wise decay a_t in (0,1)^dk; decode_kda.cuh): as GDN (beta
+// [B][H], fp32 u records) except that the decays are dk floats per token and value head: `alpha`
+// is [B][H][dk] (T drafts: [B][T][H][dk]) and records.alpha is [B][cap][H][dk], fp32. A KDA record
+// is 2dv + 4dv + 4dk + 4 bytes per head (+ 2dk per key head). The KDA kernels run one value head per
+// block (the decay weights, and so the key products, differ per value head): ReplayConfig::
+// heads_per_block must be 0 or 1 for kda.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -30,7 +37,8 @@
 
 namespace replayssm::cuda {
 
-// Recurrence (ssm/ssm_types.h): the kernels implement mamba2 and gdn; kda is refused by every launcher.
+// Recurrence (ssm/ssm_types.h): every launcher implements mamba2 and gdn; conventional_step,
+// replay_step, verify_step and commit_step also kda (snapshot_verify_step refuses it).
 
 struct DecodeShape {
   int batch = 1, key_heads = 1, value_heads = 1, dk = 128, dv = 64;
@@ -125,5 +133,14 @@ void commit_step(const DecodeShape& shape, const int* accepted, DeviceRecords& r
 // snapshots[s] (T full FP32 states) and the outputs.
 void snapshot_verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in,
                           const float* state, float* snapshots, cudaStream_t stream);
+
+// The KDA implementations the launchers above route `kind == kda` to (decode_kda_*.cu); same contracts.
+namespace kda_detail {
+void conventional_step(const DecodeShape& shape, const StepInputs& in, DeviceState state, cudaStream_t stream);
+void replay_step(const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config, DeviceRecords& records,
+                 cudaStream_t stream);
+void verify_step(const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
+                 DeviceRecords& records, cudaStream_t stream);
+}  // namespace kda_detail
 
 }  // namespace replayssm::cuda

@@ -10,6 +10,7 @@ using namespace decode_detail;
 
 void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream) {
+  if (kind == ssm::Recurrence::kda) return kda_detail::replay_step(shape, in, config, records, stream);
   check_shape(shape);
   if (config.window < 1 || config.window > kMaxWindow)
     throw_invalid_argument("replay decode supports 1 <= L <= 64", "L", config.window);

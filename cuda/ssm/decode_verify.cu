@@ -293,6 +293,7 @@ __global__ void commit_kernel(int batch, const int* accepted, DeviceRecords rec)
 
 void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream) {
+  if (kind == ssm::Recurrence::kda) return kda_detail::verify_step(shape, drafts, in, config, records, stream);
   check_shape(shape);
   if (config.window < 1 || config.window > kMaxWindow)
     throw_invalid_argument("verification supports 1 <= L <= 64", "L", config.window);
