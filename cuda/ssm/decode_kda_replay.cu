@@ -30,10 +30,10 @@ std::size_t nonflush_shared_floats(int L, int DK, int dv) {
 // One streaming read of the read checkpoint (LP when split, else the recur copy) gives both S_ckpt
 // products; no state is materialised. u_t goes to the ring for later steps.
 template <StorageFormat R, int DK>
-__global__ void __launch_bounds__(kThreads) kda_nonflush_kernel(ReplayArgs A) {
+__device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   extern __shared__ float smem[];
   const KdaBlock kb = kda_block(A.shape);
-  const WindowState win = A.rec.window[A.rec.parity][kb.b];
+  const WindowState win = current_window(A.rec, kb.b);
   if (win.h + 1 >= A.window) return;  // the flush kernel's sequence
   const int L = A.window, h0 = win.h, dv = kb.dv;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -128,6 +128,12 @@ __global__ void __launch_bounds__(kThreads) kda_nonflush_kernel(ReplayArgs A) {
   }
 }
 
+template <StorageFormat R, int DK>
+__global__ void __launch_bounds__(kThreads) kda_nonflush_kernel(ReplayArgs A) {
+  kda_nonflush_body<R, DK>(A);
+  step_block_done(A.rec, blockIdx.y, 2 * gridDim.x);  // every block, every path: the device-side parity (decode_kernels.h)
+}
+
 // ---- flush step ------------------------------------------------------------------------------
 // Shared memory (floats): keys [S][DK], split: decays [S][DK], G [DK], vals [S][dv], betas [S],
 // scratch [kWarps]; S = the launch's `stage`.
@@ -146,10 +152,10 @@ std::size_t flush_shared_floats(int S, int DK, int dv, bool split) {
 //           S_ckpt^HP (REPLAYSSM.md section 4: u_j^HP = b_j (v_j - S_{j-1}^HP (a_j . k_j))), with the
 //           element-wise operations of ssm::correction / ssm::decay_and_add.
 template <StorageFormat F, int DK>
-__global__ void __launch_bounds__(kThreads) kda_flush_kernel(ReplayArgs A) {
+__device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
   extern __shared__ float smem[];
   const KdaBlock kb = kda_block(A.shape);
-  const WindowState win = A.rec.window[A.rec.parity][kb.b];
+  const WindowState win = current_window(A.rec, kb.b);
   const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
   // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory.
   if (flush && win.h + 1 > A.stage) __trap();
@@ -162,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) kda_flush_kernel(ReplayArgs A) {
     } else {
       next.h = win.h + 1;
     }
-    A.rec.window[1 - A.rec.parity][kb.b] = next;
+    write_next_window(A.rec, kb.b, next);
   }
   if (!flush) return;
   // The current record is not appended to the ring: the flush drops all h0 + 1 records.
@@ -310,6 +316,12 @@ __global__ void __launch_bounds__(kThreads) kda_flush_kernel(ReplayArgs A) {
   }
 }
 
+template <StorageFormat F, int DK>
+__global__ void __launch_bounds__(kThreads) kda_flush_kernel(ReplayArgs A) {
+  kda_flush_body<F, DK>(A);
+  step_block_done(A.rec, blockIdx.y, 2 * gridDim.x);  // every block, every path: the device-side parity (decode_kernels.h)
+}
+
 }  // namespace
 
 void kda_detail::replay_step(const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
@@ -366,7 +378,7 @@ void kda_detail::replay_step(const DecodeShape& shape, const StepInputs& in, con
     else flush(kda_flush_kernel<StorageFormat::fp16, DK()>);
   });
   REPLAYSSM_CUDA_CHECK_LAUNCH();
-  records.parity = 1 - records.parity;
+  advance_host_parity(records);
 }
 
 }  // namespace replayssm::cuda

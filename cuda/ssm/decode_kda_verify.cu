@@ -42,10 +42,10 @@ std::size_t verify_shared_floats(int HM, int T, int DK, int dv) {
 // with the weights up to position h - 1, and writes the checkpoint after the outputs read it.
 // Two blocks per SM: without a minimum, ptxas capped some instances at 64 registers and spilled.
 template <int DK, int TD>
-__global__ void __launch_bounds__(kThreads, 2) kda_verify_kernel(KdaVerifyArgs A) {
+__device__ __forceinline__ void kda_verify_body(const KdaVerifyArgs& A) {
   extern __shared__ float smem[];
   const KdaBlock kb = kda_block(A.shape);
-  const WindowState win = A.rec.window[A.rec.parity][kb.b];
+  const WindowState win = current_window(A.rec, kb.b);
   const int h = win.h, HM = A.max_committed, NP = HM + TD, dv = kb.dv;
   if (h > HM) __trap();  // the launcher sizes HM for every h a commit can leave
   const bool flush = h + TD > A.window;
@@ -185,8 +185,14 @@ __global__ void __launch_bounds__(kThreads, 2) kda_verify_kernel(KdaVerifyArgs A
       next.h = 0;
       if (fold) next.flushes = win.flushes + 1;  // checkpoint writes, as the CPU decoder counts them
     }
-    A.rec.window[1 - A.rec.parity][kb.b] = next;
+    write_next_window(A.rec, kb.b, next);
   }
+}
+
+template <int DK, int TD>
+__global__ void __launch_bounds__(kThreads, 2) kda_verify_kernel(KdaVerifyArgs A) {
+  kda_verify_body<DK, TD>(A);
+  step_block_done(A.rec, blockIdx.y, gridDim.x);  // every block, every path: the device-side parity (decode_kernels.h)
 }
 
 }  // namespace
@@ -221,7 +227,7 @@ void kda_detail::verify_step(const DecodeShape& shape, int drafts, const StepInp
     });
   });
   REPLAYSSM_CUDA_CHECK_LAUNCH();
-  records.parity = 1 - records.parity;
+  advance_host_parity(records);
 }
 
 }  // namespace replayssm::cuda
