@@ -527,6 +527,8 @@ void prior_verify_step(PriorScheme scheme, ssm::Recurrence kind, const DecodeSha
   const DraftCache keep = buf.cache[1 - buf.parity];
   switch (scheme) {
     case PriorScheme::mamba_in_llama: {
+      // One fused launch: read C (or F when a' = T), replay the a' accepted cached drafts, store C,
+      // run the T drafts (outputs), store F; keep the drafts for the next verdict.
       ChainArgs A = chain_args(shape, in, buf);
       A.accepted = prev_accepted;
       A.replay = Replay::mil;
@@ -540,6 +542,8 @@ void prior_verify_step(PriorScheme scheme, ssm::Recurrence kind, const DecodeSha
       break;
     }
     case PriorScheme::activation_replay: {
+      // The verification forward: read W, run the T drafts (outputs), store W in place (the stock
+      // forward's final-state write); keep the drafts (the activation cache).
       ChainArgs A = chain_args(shape, in, buf);
       A.src[0] = buf.state[1];
       A.end[0] = buf.state[1];
@@ -552,6 +556,9 @@ void prior_verify_step(PriorScheme scheme, ssm::Recurrence kind, const DecodeSha
       float* c = buf.state[buf.rotation];
       float* row_a = buf.state[1 - buf.rotation];
       float* row_b = buf.state[2];
+      // C replicated into the request's two padded rows, then one joint launch over 2B rows:
+      // A = attain (replay the a' accepted drafts, then T padding steps), B = attain + advance
+      // (replay them, then the T drafts with outputs); both rows stored back.
       launch_copy(p[0], shape, c, row_a, row_b, stream);
       ChainArgs A = chain_args(shape, in, buf);
       A.accepted = prev_accepted;
@@ -564,6 +571,7 @@ void prior_verify_step(PriorScheme scheme, ssm::Recurrence kind, const DecodeSha
       break;
     }
     case PriorScheme::stree: {
+      // Chunk-scan verification: read C once, the T outputs in the parallel form, nothing stored.
       ChunkArgs A{shape, in, buf.drafts, buf.state[0], keep};
       launch_chunk_scan(kind, p[0], A, stream);
       break;
@@ -581,6 +589,7 @@ void prior_recover_step(PriorScheme scheme, ssm::Recurrence kind, const DecodeSh
     case PriorScheme::mamba_in_llama:
     case PriorScheme::joint_attainment: break;  // recovered by the next verify step (prev_accepted)
     case PriorScheme::activation_replay: {
+      // Recompute (read C, replay the a accepted cached drafts, store C), then copy C -> W.
       ChainArgs A = chain_args(shape, StepInputs{}, buf);
       A.accepted = accepted;
       A.replay = Replay::accepted;
@@ -591,6 +600,8 @@ void prior_recover_step(PriorScheme scheme, ssm::Recurrence kind, const DecodeSh
       break;
     }
     case PriorScheme::stree: {
+      // Masked replay: read C, run all T cached drafts with the mask s < a (the same chain for
+      // every a), store C.
       ChainArgs A = chain_args(shape, StepInputs{}, buf);
       A.accepted = accepted;
       A.replay = Replay::masked_all;
