@@ -142,14 +142,38 @@ struct SchemeBuffers {
   }
 };
 
+// Where an element came from (round, sequence, draft or value head, the verdicts), so that a failure
+// names the worst element's accepted lengths.
+struct Tag {
+  int round, b, index, a, prev_a;
+};
+
 struct Collected {
   std::vector<double> gpu, cpu;
-  void add(const float* g, const float* ref, std::size_t n) {
+  std::vector<Tag> tags;
+  void add(const float* g, const float* ref, std::size_t n, Tag tag) {
     gpu.insert(gpu.end(), g, g + n);
     cpu.insert(cpu.end(), ref, ref + n);
+    tags.insert(tags.end(), n, tag);
   }
   test::Closeness close(double tol, const std::string& what) const {
     return test::compare_close(gpu, cpu, {tol * test::rms(cpu.data(), cpu.size()), tol}, what);
+  }
+  // The element with the largest |gpu - cpu| / (tol (rms + |cpu|)) (NaN first), described.
+  std::string worst(double tol, const char* index_name) const {
+    const double rms = test::rms(cpu.data(), cpu.size());
+    std::size_t at = 0;
+    double worst = -1.0;
+    for (std::size_t i = 0; i < gpu.size(); ++i) {
+      const double e = std::abs(gpu[i] - cpu[i]) / (tol * (rms + std::abs(cpu[i])));
+      const double x = std::isnan(e) ? std::numeric_limits<double>::infinity() : e;
+      if (x > worst) worst = x, at = i;
+    }
+    if (gpu.empty()) return "nothing compared";
+    const Tag& t = tags[at];
+    return "worst element: round " + std::to_string(t.round) + ", sequence " + std::to_string(t.b) + ", " + index_name + " " +
+           std::to_string(t.index) + ", a = " + std::to_string(t.a) + ", previous a = " + std::to_string(t.prev_a) +
+           ": gpu " + std::to_string(gpu[at]) + ", cpu " + std::to_string(cpu[at]) + ", " + std::to_string(worst) + " x allowed";
   }
 };
 
@@ -225,6 +249,8 @@ TEST_CASE("prior-scheme kernels equal the CPU sequential decode: draft outputs a
         boost::random::mt19937_64 rng(test::kBaseSeed + 60000 + n);
         Collected outputs, states;
         int a_one = 0, a_full = 0;
+        std::vector<int> acc_prev(s.batch, 0), acc_now(s.batch, 0);
+        int round = 0;
         auto compare_state = [&] {
           std::vector<float> gpu(s.heads() * s.head_elements());
           REPLAYSSM_CUDA_CHECK(cudaMemcpy(gpu.data(), cuda::prior_committed_state(p, buf.view), gpu.size() * sizeof(float),
@@ -234,11 +260,14 @@ TEST_CASE("prior-scheme kernels equal the CPU sequential decode: draft outputs a
               for (int j = 0; j < hpg; ++j) {
                 const auto& S = committed[b * s.key_heads + g].state(j);  // row-major dv x dk
                 const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + g * hpg + j;
-                states.add(gpu.data() + head * s.head_elements(), S.data(), s.head_elements());
+                // The verdicts the committed state holds: this round's, or the previous one's (lagging).
+                const bool lag = cuda::prior_recovery_lags(p);
+                states.add(gpu.data() + head * s.head_elements(), S.data(), s.head_elements(),
+                           {round, b, g * hpg + j, lag ? acc_prev[b] : acc_now[b], lag ? 0 : acc_prev[b]});
               }
         };
         const int rounds = 10;
-        for (int round = 0; round < rounds; ++round) {
+        for (round = 0; round < rounds; ++round) {
           const HostDrafts h = make_drafts(rng, c.kind, s, T, c.slow_decay);
           DeviceDrafts d(h, s.heads() * s.dv * T);
           cuda::prior_verify_step(p, c.kind, s, d.inputs(), prev.ptr, buf.view, nullptr);
@@ -255,6 +284,7 @@ TEST_CASE("prior-scheme kernels equal the CPU sequential decode: draft outputs a
             a_one += acc[b] == 1, a_full += acc[b] == T;
           }
           acc_dev.upload(acc);
+          acc_now = acc;
           cuda::prior_recover_step(p, c.kind, s, acc_dev.ptr, buf.view, nullptr);
           REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
           prev.upload(acc);
@@ -266,17 +296,20 @@ TEST_CASE("prior-scheme kernels equal the CPU sequential decode: draft outputs a
               for (int t = 0; t < T; ++t) {
                 fork.step(group_token(h, s, b, g, t), ref.data());
                 const std::size_t off = ((static_cast<std::size_t>(b) * T + t) * s.value_heads + g * hpg) * s.dv;
-                outputs.add(out.data() + off, ref.data(), ref.size());
+                outputs.add(out.data() + off, ref.data(), ref.size(), {round, b, t, acc[b], acc_prev[b]});
               }
               for (int t = 0; t < acc[b]; ++t) dec.step(group_token(h, s, b, g, t), ref.data());  // commit a
             }
           if (!cuda::prior_recovery_lags(p)) compare_state();
+          acc_prev = acc;
         }
         const std::string what = describe(p, c, T);
         const auto close_out = outputs.close(1e-5, what + ": draft outputs vs CPU conventional decode");
         const auto close_state = states.close(1e-5, what + ": committed state vs CPU conventional decode");
         std::printf("%-60s %d rounds (a = 1: %d, a = T: %d): max |d|/allowed outputs %.2f, states %.2f (tol 1e-5)\n",
                     what.c_str(), rounds, a_one, a_full, close_out.max_excess, close_state.max_excess);
+        if (!close_out.ok()) MESSAGE(what << " draft outputs, " << outputs.worst(1e-5, "draft"));
+        if (!close_state.ok()) MESSAGE(what << " committed state, " << states.worst(1e-5, "value head"));
         CHECK_CLOSE(close_out);
         CHECK_CLOSE(close_state);
         ++n;
