@@ -1,5 +1,6 @@
 // `replayssm bench`: times the decode kernels on the paper's model shapes against the copy
-// bandwidth and the conventional kernel measured in the same run (REPLAYSSM.md sections 8-9).
+// bandwidth and the conventional kernel measured in the same run (REPLAYSSM.md sections 8-9);
+// with `schemes`, figure 7's comparison of speculative state-recovery schemes instead.
 #pragma once
 #include <string>
 #include <vector>
@@ -14,6 +15,11 @@ struct BenchOptions {
   int repeats = 15;            // timed repetitions (median reported)
   std::string csv_out;         // optional: every measurement as CSV
   bool check = true;           // run one correctness check of each kernel before timing
+  // Figure 7 alone (paper appendix A): the prior speculative state-recovery schemes
+  // (cuda/ssm/prior_schemes.h) beside ReplaySSM's verification and the vLLM snapshot baseline, for
+  // a = 1 and a = T, instead of the tables above. `replayssm bench --schemes` defaults to the paper's
+  // setting: nemotron-3-super, B = 256, T in {2, 4, 8}.
+  bool schemes = false;
 };
 
 // Prints the tables to stdout; returns 0.
