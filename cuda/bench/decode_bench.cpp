@@ -470,6 +470,33 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
                 cpu[b][g]->commit(T);
               });
   }
+  // Algorithm 3: verification with an NVFP4 LP copy and an FP32 HP copy (LP reads before the flush).
+  for (int T : drafts) {
+    ws.zero_states();
+    ws.set_windows([](int) { return 0; });
+    const auto policy = ssm::PrecisionPolicy::parse("split:nvfp4+rtn/fp32@16");
+    ssm::ReplayDecoderOptions opts;
+    opts.max_draft = T;
+    auto cpu = grid([&](int b, int g) { return std::make_unique<ssm::SplitPrecisionReplayDecoder>(group, policy, id(b, g), opts); });
+    ReplayConfig cfg;
+    cfg.window = 16;
+    cfg.recur = ws.fp32_state(0);
+    cfg.read = ws.lowp_state(StorageFormat::nvfp4, 0);
+    DeviceRecords rec = ws.records(T);
+    const std::vector<int> all(static_cast<std::size_t>(s.batch), T);
+    REPLAYSSM_CUDA_CHECK(cudaMemcpy(ws.accepted->ptr, all.data(), all.size() * sizeof(int), cudaMemcpyHostToDevice));
+    check.run(fmt::format("verify split:nvfp4/fp32 T={}", T), T, 16 / T + 2, 5e-3,
+              [&] {
+                verify_step(kind, s, T, ws.inputs(), cfg, rec, nullptr);
+                commit_step(s, ws.accepted->ptr, rec, nullptr);
+              },
+              [&](int b, int g, const HostInputs& in, float* ref) {
+                std::vector<ssm::GroupToken> x;
+                for (int t = 0; t < T; ++t) x.push_back(in.token(s, b, g, t));
+                cpu[b][g]->verify(x, ref);
+                cpu[b][g]->commit(T);
+              });
+  }
   ws.randomize_states();
   std::printf("# %s B=%d: %d kernel configurations checked against the CPU decoders before timing (FP32 paths: "
               "max |d| = %.2f x 1e-5 (rms + |cpu|); low-precision paths: at most %.4f%% of outputs beyond their "
@@ -890,6 +917,22 @@ int run_decode_bench(const BenchOptions& o) {
         add(m, "verify output-only (no flush)", B, T, v0, bm.state() + bm.inputs(T) + T * bm.record(), conv_us);
         const double v1 = verify_at(16 - T + 1);
         add(m, "verify output-only (with flush)", B, T, v1, 2 * bm.state() + bm.inputs(T) + 16 * bm.record(), conv_us);
+        // Algorithm 3 (decode_verify_split.cu, written for clarity, not yet tuned): NVFP4 LP read
+        // without a flush; with a flush the HP read, the fold and both writes.
+        auto split_verify_at = [&](int h0) {
+          ReplayConfig split = cfg;
+          return time_us(o.repeats, [&] {
+            const int c = next_copy();
+            split.recur = ws.fp32_state(c);
+            split.read = ws.lowp_state(StorageFormat::nvfp4, c);
+            DeviceRecords rec = ws.records(T);
+            verify_step(kind, s, T, ws.inputs(), split, rec, nullptr);
+          }, [&] { ws.set_windows([&](int) { return h0; }); });
+        };
+        add(m, "verify split nvfp4/fp32, LP read (no flush)", B, T, split_verify_at(0),
+            bm.lowp_state(StorageFormat::nvfp4) + bm.inputs(T) + T * bm.record(), conv_us);
+        add(m, "verify split nvfp4/fp32 (with flush: both written)", B, T, split_verify_at(16 - T + 1),
+            2 * bm.state() + bm.lowp_state(StorageFormat::nvfp4) + bm.inputs(T) + 16 * bm.record(), conv_us);
         if (!snaps || snaps->n < ws.state_elems * T) snaps = std::make_unique<Buffer<float>>(ws.state_elems * max_drafts);
         const double sv = time_us(o.repeats, [&] {
           snapshot_verify_step(kind, s, T, ws.inputs(), ws.state->ptr + ws.state_elems * next_copy(), snaps->ptr, nullptr);

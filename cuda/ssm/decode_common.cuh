@@ -432,6 +432,16 @@ void with_kind(ssm::Recurrence k, F&& f) {
   }
 }
 
+// All three recurrences (the kernels written for channel decays too).
+template <class F>
+void with_kind_all(ssm::Recurrence k, F&& f) {
+  switch (k) {
+    case ssm::Recurrence::mamba2: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::mamba2>{}); break;
+    case ssm::Recurrence::gdn: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::gdn>{}); break;
+    case ssm::Recurrence::kda: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::kda>{}); break;
+  }
+}
+
 template <class F>
 void with_drafts(int t, F&& f) {
   switch (t) {

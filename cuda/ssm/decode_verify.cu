@@ -3,6 +3,7 @@
 // shared FP32 checkpoint; separate precisions (Algorithm 3) and shared checkpoints below FP32 are in
 // decode_verify_split.cu.
 #include "ssm/decode_common.cuh"
+#include "ssm/decode_kda.cuh"
 
 namespace replayssm::cuda {
 
@@ -293,7 +294,12 @@ __global__ void commit_kernel(int batch, const int* accepted, DeviceRecords rec)
 
 void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream) {
-  if (kind == ssm::Recurrence::kda) return kda_detail::verify_step(shape, drafts, in, config, records, stream);
+  const bool low_precision = config.split() || config.recur.format != StorageFormat::fp32;
+  if (kind == ssm::Recurrence::kda) {
+    if (!low_precision) return kda_detail::verify_step(shape, drafts, in, config, records, stream);
+    check_kda_inputs(in, config.heads_per_block);  // Algorithm 3 for KDA: decode_verify_split.cu
+    check_kda_records(records);
+  }
   check_shape(shape);
   if (config.window < 1 || config.window > kMaxWindow)
     throw_invalid_argument("verification supports 1 <= L <= 64", "L", config.window);
@@ -307,7 +313,7 @@ void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, con
   if (records.capacity < max_committed + records.max_drafts)
     throw_invalid_argument("record ring needs capacity max(L, T) + T", "capacity", records.capacity, "needed",
                            max_committed + records.max_drafts);
-  if (config.split() || config.recur.format != StorageFormat::fp32) {
+  if (low_precision) {
     // Algorithm 3 (separate HP / LP checkpoints), or a shared checkpoint stored below fp32.
     launch_split_verify(kind, shape, drafts, in, config, records, max_committed, stream);
     advance_host_parity(records);

@@ -1,5 +1,7 @@
 // Speculative verification with separate checkpoint precisions (Algorithm 3, REPLAYSSM.md section 4),
-// and with a shared checkpoint stored below FP32 (shared:fp16+sr and the like).
+// and with a shared checkpoint stored below FP32 (shared:fp16+sr and the like), for Mamba-2, GDN and
+// KDA (channel-wise decays: the decay weights are vectors over dk, so one value head per block and
+// the weights folded into the key products, S_ckpt (G_s . q_s) streamed instead of g_s S_ckpt q_s).
 //
 // Per sequence (staggered windows share one launch):
 //   non-flush (h + T <= L): O = OUTPUTONLY(S_ckpt^LP, B[1:h+T], Q) from the read (LP) checkpoint, the
@@ -41,14 +43,15 @@ __host__ __device__ inline std::size_t align4(std::size_t floats) { return (floa
 
 // Shared memory of one block (floats); NP = HM + T positions at most.
 struct SplitVerifyLayout {
-  std::size_t keys, q, vals, a, beta, kq, kk, w, d, rows, amax, total;
-  __host__ __device__ SplitVerifyLayout(int HM, int T, int DK, int dv, int NH) {
+  std::size_t keys, q, vals, a, beta, kq, kk, w, d, rows, amax, wk, g, total;
+  // channel: KDA (decays of dk floats, weighted-key scratch)
+  __host__ __device__ SplitVerifyLayout(int HM, int T, int DK, int dv, int NH, bool channel) {
     const std::size_t NP = static_cast<std::size_t>(HM) + T;
     std::size_t o = 0;
     keys = o, o += NP * DK;                                   // every position's key, fp32
     q = o, o += static_cast<std::size_t>(T) * DK;             // the drafts' queries
-    vals = o, o += align4(static_cast<std::size_t>(NH) * NP * dv);  // [NH][NP][dv]: v, or u (GDN)
-    a = o, o += align4(static_cast<std::size_t>(NH) * NP);    // decays
+    vals = o, o += align4(static_cast<std::size_t>(NH) * NP * dv);  // [NH][NP][dv]: v, or u (GDN, KDA)
+    a = o, o += align4(static_cast<std::size_t>(NH) * NP * (channel ? DK : 1));  // decays
     beta = o, o += align4(static_cast<std::size_t>(NH) * NP);
     kq = o, o += align4(NP * T);                              // k_p . q_s
     kk = o, o += align4(NP * T);                              // k_p . k_{h+s}
@@ -56,6 +59,8 @@ struct SplitVerifyLayout {
     d = o, o += align4(static_cast<std::size_t>(NH) * T);     // prod_{l<=h+s} a_l
     rows = o, o += align4(static_cast<std::size_t>(2) * T * NH * dv);  // S q_s, S k_s per (head, row)
     amax = o, o += align4(NH);                                // NVFP4 LP copy: per-head amax bits
+    wk = o, o += channel ? NP * DK : 0;                       // KDA: W_{p,s} . k_p for one draft s
+    g = o, o += channel ? static_cast<std::size_t>(T) * DK : 0;  // KDA: G_s = prod_{l<=h+s} a_l
     total = o;
   }
 };
@@ -100,7 +105,9 @@ template <ssm::Recurrence K, int DK, int TD>
 __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs A) {
   using Geo = Tile<StorageFormat::fp32, DK>;
   constexpr int P = Geo::P, LPR = Geo::LPR, RW = Geo::RW, E = 4;
-  constexpr bool kDelta = K == ssm::Recurrence::gdn;
+  constexpr bool kDelta = K != ssm::Recurrence::mamba2;
+  constexpr bool kChannel = K == ssm::Recurrence::kda;  // one value head per block (the launcher)
+  constexpr int W = kChannel ? DK : 1;                   // floats of one decay
   extern __shared__ float smem[];
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const int NH = bg.NH, dv = bg.dv;
@@ -112,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
   const bool fold = flush && h > 0;
   // GDN under split precisions recomputes the committed corrections on the HP path at a flush.
   const bool recompute_u = kDelta && A.split && fold;
-  const SplitVerifyLayout lay(HM, TD, DK, dv, NH);
+  const SplitVerifyLayout lay(HM, TD, DK, dv, NH, kChannel);
   float* s_keys = smem + lay.keys;
   float* s_q = smem + lay.q;
   float* s_vals = smem + lay.vals;
@@ -124,6 +131,7 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
   float* s_d = smem + lay.d;
   float* s_rows = smem + lay.rows;
   unsigned* s_amax = reinterpret_cast<unsigned*>(smem + lay.amax);
+  float* s_wk = smem + lay.wk;
   const std::size_t hb0 = static_cast<std::size_t>(bg.b) * bg.H + bg.head0;
   const int rows_total = NH * dv;
   auto in_head = [&](int s, int nn) { return (static_cast<std::size_t>(bg.b) * TD + s) * bg.H + bg.head0 + nn; };
@@ -140,10 +148,10 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
       const int s = i / DK, c = i % DK;
       A.rec.k[(slot_of(h + s) * bg.G + bg.g) * DK + c] = A.in.k[in_key(s) * DK + c];
     }
-  for (int i = threadIdx.x; i < TD * NH; i += kThreads) {
-    const int s = i / NH, nn = i % NH;
-    A.rec.alpha[slot_of(h + s) * bg.H + bg.head0 + nn] = A.in.alpha[in_head(s, nn)];
-    if (kDelta) A.rec.beta[slot_of(h + s) * bg.H + bg.head0 + nn] = A.in.beta[in_head(s, nn)];
+  for (int i = threadIdx.x; i < TD * NH * W; i += kThreads) {
+    const int s = i / (NH * W), nn = (i / W) % NH, c = i % W;
+    A.rec.alpha[(slot_of(h + s) * bg.H + bg.head0 + nn) * W + c] = A.in.alpha[in_head(s, nn) * W + c];
+    if (kDelta && c == 0) A.rec.beta[slot_of(h + s) * bg.H + bg.head0 + nn] = A.in.beta[in_head(s, nn)];
   }
   // Stage every position's key, the drafts' queries, record vectors, decays and betas.
   for (int i = threadIdx.x; i < n * DK; i += kThreads) {
@@ -159,38 +167,76 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
       x = __bfloat162float(A.in.v[in_head(p - h, nn) * dv + r]);
     } else {
       const std::size_t at = (slot_of(p) * bg.H + bg.head0 + nn) * dv + r;
-      // Mamba-2 folds v; GDN the cached u, or the raw v when the flush recomputes u on the HP path.
+      // Mamba-2 folds v; GDN/KDA the cached u, or the raw v when the flush recomputes u on the HP path.
       x = (!kDelta || recompute_u) ? __bfloat162float(A.rec.v[at]) : A.rec.u[at];
     }
     s_vals[(static_cast<std::size_t>(nn) * NP + p) * dv + r] = x;
   }
-  for (int i = threadIdx.x; i < NH * n; i += kThreads) {
-    const int nn = i / n, p = i % n;
+  for (int i = threadIdx.x; i < NH * n * W; i += kThreads) {
+    const int nn = i / (n * W), p = (i / W) % n, c = i % W;
     const bool draft = p >= h;
-    s_a[nn * NP + p] = draft ? A.in.alpha[in_head(p - h, nn)] : A.rec.alpha[slot_of(p) * bg.H + bg.head0 + nn];
-    if (kDelta) s_beta[nn * NP + p] = draft ? A.in.beta[in_head(p - h, nn)] : A.rec.beta[slot_of(p) * bg.H + bg.head0 + nn];
+    s_a[(nn * NP + p) * W + c] = draft ? A.in.alpha[in_head(p - h, nn) * W + c]
+                                       : A.rec.alpha[(slot_of(p) * bg.H + bg.head0 + nn) * W + c];
+    if (kDelta && c == 0)
+      s_beta[nn * NP + p] = draft ? A.in.beta[in_head(p - h, nn)] : A.rec.beta[slot_of(p) * bg.H + bg.head0 + nn];
   }
   for (int i = threadIdx.x; i < NH; i += kThreads) s_amax[i] = 0u;
   __syncthreads();
-  // Key products, shared by the NH heads: k_p . q_s (p <= h + s) and, GDN, k_p . k_{h+s} (p < h + s).
-  for (int pair = warp; pair < 2 * n * TD; pair += kWarps) {
-    const int which = pair / (n * TD), p = (pair / TD) % n, s = pair % TD;
-    if (which == 1 && !kDelta) continue;
-    const float* other = which == 0 ? s_q + s * DK : s_keys + (h + s) * DK;
-    float acc = 0.0f;
-    for (int c = lane; c < DK; c += 32) acc = fmaf(s_keys[p * DK + c], other[c], acc);
-    acc = row_sum<32>(acc);
-    if (lane == 0) (which == 0 ? s_kq : s_kk)[p * TD + s] = acc;
-  }
-  // Decay weights w[p][s] = prod_{l=p+1}^{h+s} a_l and d_s = prod_{l<=h+s} a_l.
-  for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) {
-    const int nn = idx / TD, s = idx % TD;
-    float w = 1.0f;
-    for (int p = h + s; p >= 0; --p) {
-      s_w[(nn * NP + p) * TD + s] = w;
-      w *= s_a[nn * NP + p];
+  if constexpr (!kChannel) {
+    // Key products, shared by the NH heads: k_p . q_s (p <= h + s) and, GDN, k_p . k_{h+s} (p < h + s).
+    for (int pair = warp; pair < 2 * n * TD; pair += kWarps) {
+      const int which = pair / (n * TD), p = (pair / TD) % n, s = pair % TD;
+      if (which == 1 && !kDelta) continue;
+      const float* other = which == 0 ? s_q + s * DK : s_keys + (h + s) * DK;
+      float acc = 0.0f;
+      for (int c = lane; c < DK; c += 32) acc = fmaf(s_keys[p * DK + c], other[c], acc);
+      acc = row_sum<32>(acc);
+      if (lane == 0) (which == 0 ? s_kq : s_kk)[p * TD + s] = acc;
     }
-    s_d[nn * TD + s] = w;
+    // Decay weights w[p][s] = prod_{l=p+1}^{h+s} a_l and d_s = prod_{l<=h+s} a_l.
+    for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) {
+      const int nn = idx / TD, s = idx % TD;
+      float w = 1.0f;
+      for (int p = h + s; p >= 0; --p) {
+        s_w[(nn * NP + p) * TD + s] = w;
+        w *= s_a[nn * NP + p];
+      }
+      s_d[nn * TD + s] = w;
+    }
+  } else {
+    // KDA (one head): per draft s, the channel weights W_{p,s} = prod_{l=p+1}^{h+s} a_l (a vector) go
+    // into the key products, (W_{p,s} . k_p) . q_s and (W_{p,s} . k_p) . k_{h+s}; G_s = prod_{l<=h+s} a_l
+    // scales the streamed vectors instead of the sums: S_ckpt (G_s . q_s), S_ckpt (G_s . k_{h+s}).
+    // The scalar weights and d_s are then 1.
+    float* s_g = smem + lay.g;  // [TD][DK]
+    for (int s = 0; s < TD; ++s) {
+      for (int c = threadIdx.x; c < DK; c += kThreads) {
+        float w = 1.0f;
+        for (int p = h + s; p >= 0; --p) {
+          s_wk[p * DK + c] = w * s_keys[p * DK + c];
+          w *= s_a[p * DK + c];
+        }
+        s_g[s * DK + c] = w;
+      }
+      __syncthreads();
+      for (int pair = warp; pair < 2 * (h + s + 1); pair += kWarps) {
+        const int which = pair / (h + s + 1), p = pair % (h + s + 1);
+        if (which == 1 && p == h + s) continue;  // k_{h+s} . k_{h+s} is not used (p < h + s)
+        const float* other = which == 0 ? s_q + s * DK : s_keys + (h + s) * DK;
+        float acc = 0.0f;
+        for (int c = lane; c < DK; c += 32) acc = fmaf(s_wk[p * DK + c], other[c], acc);
+        acc = row_sum<32>(acc);
+        if (lane == 0) (which == 0 ? s_kq : s_kk)[p * TD + s] = acc;
+      }
+      __syncthreads();
+    }
+    for (int i = threadIdx.x; i < TD * DK; i += kThreads) {
+      const int s = i / DK, c = i % DK;
+      s_q[i] *= s_g[i];                             // G_s . q_s
+      s_keys[(h + s) * DK + c] *= s_g[i];           // G_s . k_{h+s}: the drafts' raw keys are not needed again
+    }
+    for (int i = threadIdx.x; i < NP * TD; i += kThreads) s_w[i] = 1.0f;
+    for (int i = threadIdx.x; i < TD; i += kThreads) s_d[i] = 1.0f;
   }
   __syncthreads();
 
@@ -230,15 +276,23 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
     // S <- REPLAY(S_ckpt, B[1:h]), one record at a time as the conventional step folds it.
     const float* vn = s_vals + static_cast<std::size_t>(nn) * NP * dv;
     for (int j = 0; j < h; ++j) {
-      const float aj = s_a[nn * NP + j];
+      const float* aj = s_a + (nn * NP + j) * W;  // one decay, or dk of them (KDA)
       const float* kj = s_keys + j * DK;
       float uj;
-      if (recompute_u) {  // u_j^HP = b_j (v_j - a_j S_{j-1}^HP k_j)
+      if (recompute_u) {  // u_j^HP = b_j (v_j - a_j S_{j-1}^HP k_j); KDA: b_j (v_j - S_{j-1}^HP (a_j . k_j))
         float skj = 0.0f;
 #pragma unroll
-        for (int p = 0; p < P; ++p) skj = dot_acc<E>(x[p], kj + Geo::col(lane, p), skj);
+        for (int p = 0; p < P; ++p) {
+          const int c = Geo::col(lane, p);
+          if constexpr (kChannel) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) skj = fmaf(x[p][e], aj[c + e] * kj[c + e], skj);
+          } else {
+            skj = dot_acc<E>(x[p], kj + c, skj);
+          }
+        }
         skj = row_sum<LPR>(skj);
-        uj = s_beta[nn * NP + j] * (vn[j * dv + r] - aj * skj);
+        uj = s_beta[nn * NP + j] * (vn[j * dv + r] - (kChannel ? skj : aj[0] * skj));
       } else {
         uj = vn[j * dv + r];
       }
@@ -246,7 +300,7 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
       for (int p = 0; p < P; ++p) {
         const int c = Geo::col(lane, p);
 #pragma unroll
-        for (int e = 0; e < E; ++e) x[p][e] = fmaf(aj, x[p][e], uj * kj[c + e]);
+        for (int e = 0; e < E; ++e) x[p][e] = fmaf(aj[kChannel ? c + e : 0], x[p][e], uj * kj[c + e]);
       }
       if (recompute_u) {
         __syncwarp();  // every lane of the row has read v_j[r] before it is replaced by u_j^HP
@@ -354,12 +408,22 @@ void decode_detail::launch_split_verify(ssm::Recurrence kind, const DecodeShape&
     if (read == StorageFormat::nvfp4 && recur != StorageFormat::fp32)
       throw std::invalid_argument("an NVFP4 read checkpoint needs an fp32 recurrence checkpoint in the kernels");
   }
-  const int NH = heads_per_block(shape, config.heads_per_block);
+  int NH;
+  if (kind == ssm::Recurrence::kda) {
+    // Channel-wise decay weights differ per value head: nothing is shared across a key head's heads.
+    if (config.heads_per_block > 1)
+      throw_invalid_argument("kda verification runs one value head per block (ReplayConfig::heads_per_block 0 or 1)",
+                             "heads_per_block", config.heads_per_block);
+    NH = 1;
+  } else {
+    NH = heads_per_block(shape, config.heads_per_block);
+  }
   SplitVerifyArgs A{shape, in, config.window, config.recur, config.read, config.split(),
                     formats::element_rounding_mode(config.recur_rounding), config.seed, records, NH, max_committed};
   const dim3 grid(shape.value_heads / NH, shape.batch);
-  const std::size_t smem = sizeof(float) * SplitVerifyLayout(max_committed, drafts, shape.dk, shape.dv, NH).total;
-  with_kind(kind, [&](auto K) {
+  const std::size_t smem =
+      sizeof(float) * SplitVerifyLayout(max_committed, drafts, shape.dk, shape.dv, NH, kind == ssm::Recurrence::kda).total;
+  with_kind_all(kind, [&](auto K) {
     with_dk(shape.dk, [&](auto DK) {
       with_drafts(drafts, [&](auto TD) {
         auto kernel = split_verify_kernel<K(), DK(), TD()>;

@@ -454,6 +454,152 @@ TEST_CASE("KDA verification kernels equal CPU verify/commit (UT transform) with 
   }
 }
 
+// Algorithm 3 for KDA (decode_verify_split.cu): verification reads the LP copy when h + T <= L and
+// the HP copy when h + T > L, a flush folds the committed records from the HP copy with every u_j^HP
+// recomputed and writes both copies; also a shared checkpoint stored in fp16. Rounds of verify +
+// commit (random accepted lengths) alternate with 0-2 standard steps, against the CPU decoders: every
+// output; at the end the FP32 HP checkpoints and every LP copy bit-equal to the quantized GPU HP copy.
+TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verification equal the CPU decoders") {
+  boost::random::mt19937_64 rng(test::kBaseSeed + 65000);
+  struct PolicyCase {
+    const char* policy;
+    int T;
+  };
+  const PolicyCase policies[] = {{"split:fp16/fp32@16", 4}, {"split:nvfp4/fp32@5", 8}, {"split:fp8b128/fp16+sr@8", 4},
+                                 {"split:bf16/fp32@16", 2}, {"shared:fp16+sr@16", 8}};
+  int n = 0;
+  for (const Case& c : cases()) {
+    for (const PolicyCase& pc : policies) {
+      const DecodeShape& s = c.shape;
+      const auto policy = ssm::PrecisionPolicy::parse(pc.policy);
+      if (policy.read.format == StorageFormat::fp8b128 && s.dk % 128) continue;
+      const int L = policy.window, T = pc.T;
+      const bool split = policy.scheme == ssm::DecodeScheme::split;
+      ssm::ReplayDecoderOptions opts;
+      opts.max_draft = T;
+      std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> owner;
+      std::vector<ssm::ReplayDecoderBase*> cpu;
+      for (int b = 0; b < s.batch; ++b)
+        for (int g = 0; g < s.key_heads; ++g) {
+          owner.push_back(ssm::make_decoder(group_shape(s), policy, {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}, opts));
+          cpu.push_back(dynamic_cast<ssm::ReplayDecoderBase*>(owner.back().get()));
+          REQUIRE(cpu.back() != nullptr);
+        }
+      StateBuffers recur_buf(policy.recur.format, s);
+      std::unique_ptr<StateBuffers> read_buf;
+      cuda::ReplayConfig config;
+      config.window = L;
+      config.recur = recur_buf.view;
+      config.recur_rounding = policy.recur.rounding;
+      config.seed = policy.seed;
+      if (split) {
+        read_buf = std::make_unique<StateBuffers>(policy.read.format, s);
+        config.read = read_buf->view;
+      }
+      RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
+      rec.view.max_drafts = T;
+      DeviceArray<int> accepted(s.batch);
+      const uint64_t seed = test::kBaseSeed + 66000 + n;
+      InputGen gen(seed, c.decays);
+      Collected meter;
+      int lp_verifies = 0, folding_verifies = 0;
+      const std::size_t per_token = static_cast<std::size_t>(s.heads_per_group()) * s.dv;
+      for (int round = 0; round < 12; ++round) {
+        {
+          const HostStep h = gen.make(s, T);
+          std::vector<int> acc(s.batch);
+          for (int b = 0; b < s.batch; ++b) acc[b] = boost::random::uniform_int_distribution<int>(1, T)(rng);
+          DeviceStep d(h, s.heads() * s.dv * T);
+          cuda::verify_step(kKda, s, T, d.inputs(), config, rec.view, nullptr);
+          accepted.upload(acc);
+          cuda::commit_step(s, accepted.ptr, rec.view, nullptr);
+          REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto out = d.out.download();
+          for (int b = 0; b < s.batch; ++b)
+            for (int g = 0; g < s.key_heads; ++g) {
+              auto& dec = *cpu[static_cast<std::size_t>(b) * s.key_heads + g];
+              lp_verifies += dec.committed() + T <= L;
+              folding_verifies += dec.committed() + T > L && dec.committed() > 0;
+              std::vector<ssm::GroupToken> drafts;
+              for (int t = 0; t < T; ++t) drafts.push_back(group_token(h, s, b, g, t));
+              std::vector<float> ref(T * per_token);
+              dec.verify(drafts, ref.data());
+              dec.commit(acc[b]);
+              for (int t = 0; t < T; ++t)
+                meter.add(out, out_offset(s, b, T, t, g),
+                          std::vector<float>(ref.begin() + static_cast<std::ptrdiff_t>(t * per_token),
+                                             ref.begin() + static_cast<std::ptrdiff_t>((t + 1) * per_token)));
+            }
+        }
+        const int steps = boost::random::uniform_int_distribution<int>(0, 2)(rng);
+        for (int st = 0; st < steps; ++st) {
+          const HostStep h = gen.make(s, 1);
+          DeviceStep d(h, s.heads() * s.dv);
+          cuda::replay_step(kKda, s, d.inputs(), config, rec.view, nullptr);
+          REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto out = d.out.download();
+          for (int b = 0; b < s.batch; ++b)
+            for (int g = 0; g < s.key_heads; ++g) {
+              std::vector<float> ref(per_token);
+              cpu[static_cast<std::size_t>(b) * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
+              meter.add(out, out_offset(s, b, 1, 0, g), ref);
+            }
+        }
+      }
+      Collected states;
+      int read_checks = 0, read_mismatch = 0;
+      if (policy.recur.format == StorageFormat::fp32) {
+        const auto recur_bytes = recur_buf.payload.download();
+        const float* gs = reinterpret_cast<const float*>(recur_bytes.data());
+        std::vector<uint8_t> read_payload, read_codes;
+        std::vector<float> read_scales, read_tensor;
+        if (split) {
+          read_payload = read_buf->payload.download(), read_codes = read_buf->scale_codes.download();
+          read_scales = read_buf->block_scales.download(), read_tensor = read_buf->tensor_scales.download();
+        }
+        for (int b = 0; b < s.batch; ++b)
+          for (int g = 0; g < s.key_heads; ++g)
+            for (int j = 0; j < s.heads_per_group(); ++j) {
+              const auto& dec = *cpu[static_cast<std::size_t>(b) * s.key_heads + g];
+              const auto& S = split ? static_cast<const ssm::SplitPrecisionReplayDecoder&>(dec).recur_checkpoint(j)
+                                    : static_cast<const ssm::ReplayDecoder&>(dec).checkpoint(j);
+              const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group() + j;
+              std::vector<float> gpu_head(gs + head * s.head_elements(), gs + (head + 1) * s.head_elements());
+              states.add(gpu_head, 0, std::vector<float>(S.data(), S.data() + S.size()));
+              if (!split || dec.flushes() == 0) continue;
+              const auto q = formats::quantize_matrix(gpu_head.data(), s.dv, s.dk, policy.read.format, formats::Rounding::rtn);
+              bool same = std::equal(q.payload.begin(), q.payload.end(), read_payload.begin() + head * q.payload.size());
+              if (!q.block_scale_codes.empty())
+                same = same && std::equal(q.block_scale_codes.begin(), q.block_scale_codes.end(),
+                                          read_codes.begin() + head * q.block_scale_codes.size());
+              if (!q.block_scales.empty())
+                same = same && std::equal(q.block_scales.begin(), q.block_scales.end(),
+                                          read_scales.begin() + head * q.block_scales.size());
+              if (policy.read.format == StorageFormat::nvfp4) same = same && q.tensor_scale == read_tensor[head];
+              ++read_checks;
+              read_mismatch += !same;
+            }
+      }
+      const double tol = policy.recur.format == StorageFormat::fp32 ? 5e-3 : 2e-2;
+      const std::string what = "kda low-precision verify " + std::string(pc.policy) + " T=" + std::to_string(T) + " " +
+                               describe(c) + ", seed " + std::to_string(seed);
+      const auto close = meter.close(tol, what);
+      std::printf("%s: %d LP verifies, %d folding verifies; max |d|/allowed %.2f (tol %.0e)", what.c_str(), lp_verifies,
+                  folding_verifies, close.max_excess, tol);
+      if (!states.gpu.empty()) std::printf(", HP checkpoints %.2f", states.close(1e-5, "HP").max_excess);
+      if (read_checks) std::printf(", LP copies bit-equal %d/%d", read_checks - read_mismatch, read_checks);
+      std::printf("\n");
+      INFO(what);
+      check_with_flips(meter, close, what);
+      if (!states.gpu.empty()) CHECK_CLOSE(states.close(1e-5, what + " FP32 HP checkpoints"));
+      CHECK(read_mismatch == 0);
+      CHECK(folding_verifies > 0);
+      if (T <= L) CHECK(lp_verifies > 0);
+      ++n;
+    }
+  }
+}
+
 // Standard steps after verification commits: a commit can leave h = L committed records (no flush)
 // or, with T > L, h = T > L after a flush; the next standard step folds all h + 1 records. Rounds
 // of verify + commit alternate with one to three standard steps, against the CPU ReplayDecoder:
@@ -577,9 +723,10 @@ TEST_CASE("the KDA launchers refuse bad input with std::invalid_argument naming 
     StateBuffers lp(StorageFormat::nvfp4, s);
     cuda::ReplayConfig split = config;
     split.read = lp.view;
-    expect(refusal([&] { cuda::verify_step(kKda, s, 4, d.inputs(), split, rec.view, nullptr); }), "ReplayConfig::recur");
+    // Split verification runs (Algorithm 3), but an NVFP4 LP copy needs an fp32 HP copy, in every kernel.
     StateBuffers hp16(StorageFormat::fp16, s);
     split.recur = hp16.view;
+    expect(refusal([&] { cuda::verify_step(kKda, s, 4, d.inputs(), split, rec.view, nullptr); }), "fp32 recurrence");
     expect(refusal([&] { cuda::replay_step(kKda, s, d.inputs(), split, rec.view, nullptr); }), "fp32 recurrence");
   }
   {
