@@ -140,6 +140,7 @@ struct Workspace {
   std::unique_ptr<Buffer<int>> accepted;
   int capacity;
 
+  int decay_width() const { return ssm::decay_width(kind, s.dk); }  // floats of one decay: 1, or dk (KDA)
   Workspace(ssm::Recurrence kd, const DecodeShape& shape, int max_window, int max_drafts) : s(shape), kind(kd) {
     state_elems = s.heads() * s.head_elements();
     const std::size_t state_bytes = state_elems * 4;
@@ -154,16 +155,16 @@ struct Workspace {
     q = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * T * s.key_heads * s.dk);
     k = std::make_unique<Buffer<__nv_bfloat16>>(q->n);
     v = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * T * s.value_heads * s.dv);
-    alpha = std::make_unique<Buffer<float>>(s.batch * T * s.value_heads);
-    beta = std::make_unique<Buffer<float>>(alpha->n);
+    alpha = std::make_unique<Buffer<float>>(s.batch * T * s.value_heads * decay_width());
+    beta = std::make_unique<Buffer<float>>(s.batch * T * s.value_heads);
     out = std::make_unique<Buffer<float>>(v->n);
     fill_inputs(kTimedInputSeed);
     capacity = std::max({max_window, 16, max_drafts}) + max_drafts;  // verification runs at L = 16
     rec_k = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * capacity * s.key_heads * s.dk);
     rec_v = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * capacity * s.value_heads * s.dv);
     rec_u = std::make_unique<Buffer<float>>(rec_v->n);
-    rec_a = std::make_unique<Buffer<float>>(s.batch * capacity * s.value_heads);
-    rec_b = std::make_unique<Buffer<float>>(rec_a->n);
+    rec_a = std::make_unique<Buffer<float>>(s.batch * capacity * s.value_heads * decay_width());
+    rec_b = std::make_unique<Buffer<float>>(s.batch * capacity * s.value_heads);
     fill_uniform_bf16(rec_k->ptr, rec_k->n, -0.09f, 0.09f, 9);
     fill_uniform_bf16(rec_v->ptr, rec_v->n, -1.0f, 1.0f, 10);
     fill_uniform(rec_u->ptr, rec_u->n, -1.0f, 1.0f, 11);
@@ -241,12 +242,14 @@ struct ByteModel {
   ssm::Recurrence kind;
   double state() const { return 4.0 * s.heads() * s.head_elements(); }
   double lowp_state(StorageFormat f) const { return static_cast<double>(s.heads()) * formats::storage_bytes(f, s.dv, s.dk); }
+  double decay_bytes() const { return 4.0 * ssm::decay_width(kind, s.dk); }  // fp32 a: one, or dk of them (KDA)
   double inputs(int T = 1) const {
-    return T * s.batch * (2.0 * 2 * s.key_heads * s.dk + s.value_heads * (2.0 * s.dv + 4 + 4 + 4.0 * s.dv));
+    return T * s.batch * (2.0 * 2 * s.key_heads * s.dk + s.value_heads * (2.0 * s.dv + decay_bytes() + 4 + 4.0 * s.dv));
   }
-  // One record per head: v (bf16), a, and for GDN u (fp32) and b; the key once per key head.
+  // One record per head: v (bf16), a, and for GDN/KDA u (fp32) and b; the key once per key head.
   double record() const {
-    return s.batch * (2.0 * s.key_heads * s.dk + s.value_heads * (2.0 * s.dv + 4 + (kind == ssm::Recurrence::gdn ? 4.0 * s.dv + 4 : 0)));
+    return s.batch * (2.0 * s.key_heads * s.dk +
+                      s.value_heads * (2.0 * s.dv + decay_bytes() + (ssm::has_delta_rule(kind) ? 4.0 * s.dv + 4 : 0)));
   }
   double conventional() const { return 2 * state() + inputs(); }
   // Non-flush step at window position h0 (h0 records read, one written) reading a checkpoint of `read` bytes.
@@ -274,6 +277,7 @@ struct ByteModel {
 // one code step (2.45 x 5e-3), where independent flips stay far below 0.1%.
 struct HostInputs {
   int T;
+  int width = 1;  // floats of one decay (KDA: dk)
   std::vector<float> q, k, v, alpha, beta;
   HostInputs(const Workspace& ws, int tokens) : T(tokens) {
     const DecodeShape& s = ws.s;
@@ -292,8 +296,9 @@ struct HostInputs {
     const std::size_t nk = static_cast<std::size_t>(s.batch) * T * s.key_heads * s.dk;
     const std::size_t nv = static_cast<std::size_t>(s.batch) * T * s.value_heads * s.dv;
     const std::size_t nh = static_cast<std::size_t>(s.batch) * T * s.value_heads;
+    width = ws.decay_width();
     q = bf16(ws.q->ptr, nk), k = bf16(ws.k->ptr, nk), v = bf16(ws.v->ptr, nv);
-    alpha = f32(ws.alpha->ptr, nh), beta = f32(ws.beta->ptr, nh);
+    alpha = f32(ws.alpha->ptr, nh * width), beta = f32(ws.beta->ptr, nh);
   }
   // Token t of sequence b, key head g (layouts of decode_kernels.h: [B][T][G][dk], [B][T][H][dv]).
   ssm::GroupToken token(const DecodeShape& s, int b, int g, int t) const {
@@ -304,7 +309,7 @@ struct HostInputs {
     const int hpg = s.value_heads / s.key_heads;
     for (int j = 0; j < hpg; ++j) {
       const std::size_t vh = (static_cast<std::size_t>(b) * T + t) * s.value_heads + g * hpg + j;
-      x.alpha.push_back(&alpha[vh]);
+      x.alpha.push_back(&alpha[vh * width]);
       x.beta.push_back(beta[vh]);
       x.v.push_back(&v[vh * s.dv]);
     }
@@ -675,7 +680,7 @@ std::vector<Row> scheme_table(const BenchOptions& o, DeviceArena& arena, double 
   const int max_drafts = *std::max_element(o.drafts.begin(), o.drafts.end());
   for (const std::string& name : o.shapes) {
     const ssm::ModelShape& m = ssm::find_shape(name);
-    const ssm::Recurrence kind = m.kind == ssm::Recurrence::mamba2 ? ssm::Recurrence::mamba2 : ssm::Recurrence::gdn;
+    const ssm::Recurrence kind = m.kind;
     for (int B : o.batches) {
       arena.reset();
       const DecodeShape s{B, m.key_heads, m.value_heads, m.dk, m.dv};
@@ -840,7 +845,7 @@ int run_decode_bench(const BenchOptions& o) {
   const int max_drafts = *std::max_element(o.drafts.begin(), o.drafts.end());
   for (const std::string& name : o.shapes) {
     const ssm::ModelShape& m = ssm::find_shape(name);
-    const ssm::Recurrence kind = m.kind == ssm::Recurrence::mamba2 ? ssm::Recurrence::mamba2 : ssm::Recurrence::gdn;
+    const ssm::Recurrence kind = m.kind;
     for (int B : o.batches) {
       arena.reset();  // the previous configuration's buffers are gone: start again at the base
       const DecodeShape s{B, m.key_heads, m.value_heads, m.dk, m.dv};
@@ -933,6 +938,7 @@ int run_decode_bench(const BenchOptions& o) {
             bm.lowp_state(StorageFormat::nvfp4) + bm.inputs(T) + T * bm.record(), conv_us);
         add(m, "verify split nvfp4/fp32 (with flush: both written)", B, T, split_verify_at(16 - T + 1),
             2 * bm.state() + bm.lowp_state(StorageFormat::nvfp4) + bm.inputs(T) + 16 * bm.record(), conv_us);
+        if (kind == ssm::Recurrence::kda) continue;  // the snapshot baseline is written for scalar decays
         if (!snaps || snaps->n < ws.state_elems * T) snaps = std::make_unique<Buffer<float>>(ws.state_elems * max_drafts);
         const double sv = time_us(o.repeats, [&] {
           snapshot_verify_step(kind, s, T, ws.inputs(), ws.state->ptr + ws.state_elems * next_copy(), snaps->ptr, nullptr);

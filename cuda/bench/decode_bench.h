@@ -8,7 +8,8 @@
 namespace replayssm::cuda {
 
 struct BenchOptions {
-  std::vector<std::string> shapes = {"nemotron-3-nano-4b", "nemotron-3-super", "qwen3.5-4b", "qwen3.5-122b-a10b"};
+  std::vector<std::string> shapes = {"nemotron-3-nano-4b", "nemotron-3-super", "qwen3.5-4b", "qwen3.5-122b-a10b",
+                                     "kimi-linear-48b-a3b"};
   std::vector<int> batches = {1, 8, 32, 128, 256, 512};
   std::vector<int> windows = {8, 16, 32};
   std::vector<int> drafts = {1, 2, 4, 8};

@@ -581,7 +581,7 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
     int T;
   };
   const PolicyCase policies[] = {{"split:fp16/fp32@16", 4},       {"split:nvfp4/fp32@16", 8}, {"split:fp8b128/fp16+sr@8", 4},
-                                 {"split:bf16/fp32@4", 8},        {"split:nvfp4/fp32@5", 2},  {"split:fp8b128/fp32@16", 1},
+                                 {"split:bf16/fp32@4", 8},        {"split:nvfp4/fp32@5", 2},  {"split:fp8b128/fp32@4", 1},
                                  {"shared:fp16+sr@16", 8},        {"shared:fp16+rtn@8", 2}};
   int n = 0;
   for (const Case& c : cases()) {
