@@ -1,4 +1,4 @@
-// CUDA decode kernels for Mamba-2 and Gated DeltaNet (REPLAYSSM.md sections 2-4), a batch of B
+// CUDA decode kernels for Mamba-2, Gated DeltaNet and KDA (REPLAYSSM.md sections 2-4), a batch of B
 // sequences, all heads, one launch per decode step:
 //
 //   conventional_step      read S, update, output, write S (the baseline: FP32, FP16 or BF16 state)
@@ -8,10 +8,16 @@
 //                          launch: a block whose sequence reaches h == L flushes (replays the window
 //                          from the HP checkpoint, writes HP and, if split, the LP copy); other blocks
 //                          run the output-only form from the read checkpoint.
-//   verify_step            speculative verification of T drafts (Algorithm 2; GDN with the T x T
-//                          unit-triangular UT solve): output-only, flush first when h + T > L.
+//   verify_step            speculative verification of T drafts (Algorithm 2; GDN/KDA with the T x T
+//                          unit-triangular UT solve): output-only, flush first when h + T > L. With
+//                          a read (LP) copy, Algorithm 3: the LP copy is read when h + T <= L, the HP
+//                          copy when h + T > L, and the flush writes both (decode_verify_split.cu).
 //   commit_step            h <- h + a (pointer rollback by accepted length, a on the device).
 //   snapshot_verify_step   the vLLM-style baseline: T sequential steps writing T state snapshots.
+//   (prior_schemes.h: The Mamba in the Llama, Snakes and Ladders, STree as kernels, for figure 7.)
+//
+// CUDA Graphs (paper appendix D.2): with DeviceRecords::sync the per-sequence window parity lives on
+// the device, so a captured step (verify + commit, or a standard step) replays with no host work.
 //
 // Layouts (row-major, value head major): q, k [B][G][dk] and v [B][H][dv] in bf16 (activations of a
 // bf16 model), decays and betas [B][H] fp32, outputs [B][H][dv] fp32, states [B][H][dv][dk] in the

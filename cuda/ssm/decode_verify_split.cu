@@ -245,30 +245,17 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
   const DeviceState read_state = flush || !A.split ? A.recur : A.read;
   const bool lp_nvfp4 = A.split && A.read.format == StorageFormat::nvfp4;
   const int iterations = (rows_total + kWarps * RW - 1) / (kWarps * RW);
-  // kBatch row iterations' loads are issued before the first is used: one row per warp in flight
-  // left the LP read latency-bound (measured 3.5% of copy bandwidth on the Qwen3.5-4B shape).
-  constexpr int kBatch = 4;
-  for (int it0 = 0; it0 < iterations; it0 += kBatch) {
-  float xb[kBatch][P][E];
-#pragma unroll
-  for (int j = 0; j < kBatch; ++j) {
-    const int row = ((it0 + j) * kWarps + warp) * RW + Geo::row_in_iteration(lane);
-    const bool valid = it0 + j < iterations && row < rows_total;
-    const int nn = valid ? row / dv : 0, r = valid ? row % dv : 0;
-    const HeadView view = head_view(read_state, hb0 + nn, dv, DK);
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      if (valid) load4_any<DK>(view, read_state.format, r, Geo::col(lane, p), xb[j][p]);
-      else for (int e = 0; e < E; ++e) xb[j][p][e] = 0.0f;
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kBatch; ++j) {
-    if (it0 + j >= iterations) break;  // warp-uniform
-    const int row = ((it0 + j) * kWarps + warp) * RW + Geo::row_in_iteration(lane);
+  for (int it = 0; it < iterations; ++it) {
+    const int row = (it * kWarps + warp) * RW + Geo::row_in_iteration(lane);
     const bool valid = row < rows_total;
     const int nn = valid ? row / dv : 0, r = valid ? row % dv : 0;
-    float (&x)[P][E] = xb[j];
+    const HeadView view = head_view(read_state, hb0 + nn, dv, DK);
+    float x[P][E];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (valid) load4_any<DK>(view, read_state.format, r, Geo::col(lane, p), x[p]);
+      else for (int e = 0; e < E; ++e) x[p][e] = 0.0f;
+    }
 #pragma unroll
     for (int s = 0; s < TD; ++s) {
       float sq = 0.0f, sk = 0.0f;
@@ -285,7 +272,7 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
         if (kDelta) s_rows[(TD + s) * rows_total + row] = sk;
       }
     }
-    if (!fold) continue;  // (the next row of the batch)
+    if (!fold) continue;
     // S <- REPLAY(S_ckpt, B[1:h]), one record at a time as the conventional step folds it.
     const float* vn = s_vals + static_cast<std::size_t>(nn) * NP * dv;
     for (int j = 0; j < h; ++j) {
@@ -305,9 +292,11 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
           }
         }
         skj = row_sum<LPR>(skj);
-        uj = s_beta[nn * NP + j] * (vn[j * dv + r] - (kChannel ? skj : aj[0] * skj));
+        // Lanes past the last row (valid = false) take part in the row sums only: they read no record,
+        // which another warp may be rewriting.
+        uj = valid ? s_beta[nn * NP + j] * (vn[j * dv + r] - (kChannel ? skj : aj[0] * skj)) : 0.0f;
       } else {
-        uj = vn[j * dv + r];
+        uj = valid ? vn[j * dv + r] : 0.0f;
       }
 #pragma unroll
       for (int p = 0; p < P; ++p) {
@@ -341,7 +330,6 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
         }
       atomicMax(&s_amax[nn], __float_as_uint(m));  // non-negative floats order as their bits
     }
-  }
   }
   __syncthreads();
   if (fold && lp_nvfp4) {
