@@ -1,5 +1,6 @@
 // `replayssm bench`: times the decode kernels on the paper's model shapes against the copy
-// bandwidth and the conventional kernel measured in the same run (REPLAYSSM.md sections 8-9).
+// bandwidth and the conventional kernel measured in the same run (REPLAYSSM.md sections 8-9);
+// with `schemes`, figure 7's comparison of speculative state-recovery schemes instead.
 #pragma once
 #include <string>
 #include <vector>
@@ -7,13 +8,19 @@
 namespace replayssm::cuda {
 
 struct BenchOptions {
-  std::vector<std::string> shapes = {"nemotron-3-nano-4b", "nemotron-3-super", "qwen3.5-4b", "qwen3.5-122b-a10b"};
+  std::vector<std::string> shapes = {"nemotron-3-nano-4b", "nemotron-3-super", "qwen3.5-4b", "qwen3.5-122b-a10b",
+                                     "kimi-linear-48b-a3b"};
   std::vector<int> batches = {1, 8, 32, 128, 256, 512};
   std::vector<int> windows = {8, 16, 32};
   std::vector<int> drafts = {1, 2, 4, 8};
   int repeats = 15;            // timed repetitions (median reported)
   std::string csv_out;         // optional: every measurement as CSV
   bool check = true;           // run one correctness check of each kernel before timing
+  // Figure 7 alone (paper appendix A): the prior speculative state-recovery schemes
+  // (cuda/ssm/prior_schemes.h) beside ReplaySSM's verification and the vLLM snapshot baseline, for
+  // a = 1 and a = T, instead of the tables above. `replayssm bench --schemes` defaults to the paper's
+  // setting: nemotron-3-super, B = 256, T in {2, 4, 8}.
+  bool schemes = false;
 };
 
 // Prints the tables to stdout; returns 0.

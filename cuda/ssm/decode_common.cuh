@@ -155,6 +155,35 @@ __device__ __forceinline__ std::size_t ring_slot(const DeviceRecords& rec, int b
   return static_cast<std::size_t>(b) * rec.capacity + (slot >= rec.capacity ? slot - rec.capacity : slot);
 }
 
+// The window state of sequence b at this step (DeviceRecords::sync says which copy is current).
+__device__ __forceinline__ int window_parity(const DeviceRecords& rec, int b) {
+  return rec.sync ? rec.sync[b].parity : rec.parity;
+}
+__device__ __forceinline__ WindowState current_window(const DeviceRecords& rec, int b) {
+  return rec.window[window_parity(rec, b)][b];
+}
+__device__ __forceinline__ void write_next_window(const DeviceRecords& rec, int b, const WindowState& next) {
+  rec.window[1 - window_parity(rec, b)][b] = next;
+}
+// Every block of a step calls this once at the end, all its threads together (block-uniform control
+// flow): the last of the `blocks` blocks of sequence b flips its parity, after every block has read
+// the current window state and the one that writes the next state has written it.
+__device__ __forceinline__ void step_block_done(const DeviceRecords& rec, int b, unsigned blocks) {
+  if (rec.sync == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&rec.sync[b].done, 1u) == blocks - 1) {
+      rec.sync[b].done = 0;
+      rec.sync[b].parity ^= 1;
+    }
+  }
+}
+// Host side: the parity flip of a step when it is not device-resident.
+inline void advance_host_parity(DeviceRecords& rec) {
+  if (rec.sync == nullptr) rec.parity = 1 - rec.parity;
+}
+
 // Dot of two bf16 vectors of length DK, reduced over the warp.
 template <int DK>
 __device__ __forceinline__ float warp_dot_bf16(const __nv_bfloat16* x, const __nv_bfloat16* y, int lane) {
@@ -342,6 +371,11 @@ __device__ __forceinline__ float block_max(float x, float* scratch) {
 }
 
 // ================================ dispatch ====================================================
+// Verification from a read (LP) and recur (HP) checkpoint pair, or a shared checkpoint below fp32
+// (decode_verify_split.cu); verify_step checks the ring and window first.
+void launch_split_verify(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in,
+                         const ReplayConfig& config, const DeviceRecords& records, int max_committed, cudaStream_t stream);
+
 inline void check_shape(const DecodeShape& s) {
   const bool dk_ok = s.dk == 64 || s.dk == 128 || s.dk == 256;
   if (!dk_ok || s.dv < 1 || s.dv > 256 || s.key_heads < 1 || s.value_heads % s.key_heads != 0 || s.batch < 1 ||
@@ -394,7 +428,17 @@ void with_kind(ssm::Recurrence k, F&& f) {
   switch (k) {
     case ssm::Recurrence::mamba2: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::mamba2>{}); break;
     case ssm::Recurrence::gdn: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::gdn>{}); break;
-    default: throw std::invalid_argument("decode kernels: recurrence kda is not implemented on the GPU (mamba2, gdn)");
+    default: throw std::invalid_argument("decode kernels: this operation implements mamba2 and gdn, not kda (kda: conventional_step, replay_step, verify_step and commit_step)");
+  }
+}
+
+// All three recurrences (the kernels written for channel decays too).
+template <class F>
+void with_kind_all(ssm::Recurrence k, F&& f) {
+  switch (k) {
+    case ssm::Recurrence::mamba2: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::mamba2>{}); break;
+    case ssm::Recurrence::gdn: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::gdn>{}); break;
+    case ssm::Recurrence::kda: f(std::integral_constant<ssm::Recurrence, ssm::Recurrence::kda>{}); break;
   }
 }
 

@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shap
 
 void conventional_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, DeviceState state,
                        cudaStream_t stream) {
+  if (kind == ssm::Recurrence::kda) return kda_detail::conventional_step(shape, in, state, stream);
   check_shape(shape);
   const dim3 grid(shape.value_heads, shape.batch);
   with_kind(kind, [&](auto K) {

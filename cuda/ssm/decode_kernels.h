@@ -1,4 +1,4 @@
-// CUDA decode kernels for Mamba-2 and Gated DeltaNet (REPLAYSSM.md sections 2-4), a batch of B
+// CUDA decode kernels for Mamba-2, Gated DeltaNet and KDA (REPLAYSSM.md sections 2-4), a batch of B
 // sequences, all heads, one launch per decode step:
 //
 //   conventional_step      read S, update, output, write S (the baseline: FP32, FP16 or BF16 state)
@@ -8,10 +8,16 @@
 //                          launch: a block whose sequence reaches h == L flushes (replays the window
 //                          from the HP checkpoint, writes HP and, if split, the LP copy); other blocks
 //                          run the output-only form from the read checkpoint.
-//   verify_step            speculative verification of T drafts (Algorithm 2; GDN with the T x T
-//                          unit-triangular UT solve): output-only, flush first when h + T > L.
+//   verify_step            speculative verification of T drafts (Algorithm 2; GDN/KDA with the T x T
+//                          unit-triangular UT solve): output-only, flush first when h + T > L. With
+//                          a read (LP) copy, Algorithm 3: the LP copy is read when h + T <= L, the HP
+//                          copy when h + T > L, and the flush writes both (decode_verify_split.cu).
 //   commit_step            h <- h + a (pointer rollback by accepted length, a on the device).
 //   snapshot_verify_step   the vLLM-style baseline: T sequential steps writing T state snapshots.
+//   (prior_schemes.h: The Mamba in the Llama, Snakes and Ladders, STree as kernels, for figure 7.)
+//
+// CUDA Graphs (paper appendix D.2): with DeviceRecords::sync the per-sequence window parity lives on
+// the device, so a captured step (verify + commit, or a standard step) replays with no host work.
 //
 // Layouts (row-major, value head major): q, k [B][G][dk] and v [B][H][dv] in bf16 (activations of a
 // bf16 model), decays and betas [B][H] fp32, outputs [B][H][dv] fp32, states [B][H][dv][dk] in the
@@ -19,6 +25,13 @@
 // sequence): k [B][cap][G][dk] bf16, v [B][cap][H][dv] bf16, u [B][cap][H][dv] fp32 (GDN), a and b
 // [B][cap][H] fp32. Bytes per record and head: Mamba-2 2dv + 4 (+ 2dk per key head); GDN adds the
 // fp32 u (4dv) and b (4): GDN records keep u in fp32 so replay equals conventional to fp32 rounding.
+//
+// KDA (Kimi Delta Attention, channel-wise decay a_t in (0,1)^dk; decode_kda.cuh): as GDN (beta
+// [B][H], fp32 u records) except that the decays are dk floats per token and value head: `alpha`
+// is [B][H][dk] (T drafts: [B][T][H][dk]) and records.alpha is [B][cap][H][dk], fp32. A KDA record
+// is 2dv + 4dv + 4dk + 4 bytes per head (+ 2dk per key head). The KDA kernels run one value head per
+// block (the decay weights, and so the key products, differ per value head): ReplayConfig::
+// heads_per_block must be 0 or 1 for kda.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -30,7 +43,8 @@
 
 namespace replayssm::cuda {
 
-// Recurrence (ssm/ssm_types.h): the kernels implement mamba2 and gdn; kda is refused by every launcher.
+// Recurrence (ssm/ssm_types.h): every launcher implements mamba2 and gdn; conventional_step,
+// replay_step, verify_step and commit_step also kda (snapshot_verify_step refuses it).
 
 struct DecodeShape {
   int batch = 1, key_heads = 1, value_heads = 1, dk = 128, dv = 64;
@@ -67,6 +81,17 @@ struct WindowState {
   int reserved = 0;
 };
 
+// Device-resident parity of the window-state ping-pong, one per sequence (CUDA Graphs, paper appendix
+// D.2). With DeviceRecords::sync set, every kernel reads window[sync[b].parity][b], and the last of a
+// step's blocks for sequence b to finish flips that parity (a counter in `done`), so a captured step
+// replays with no host involvement: the flush decisions (h + 1 >= L, h + T > L) and the commit
+// h <- h + a are computed on the device from the device-resident h and accepted lengths. Without it
+// the launchers flip DeviceRecords::parity on the host, which a captured graph would bake in.
+struct WindowSync {
+  int parity = 0;
+  unsigned done = 0;  // blocks of the step in flight that have finished, for this sequence
+};
+
 struct DeviceRecords {
   int capacity = 0;
   __nv_bfloat16* k = nullptr;
@@ -81,6 +106,7 @@ struct DeviceRecords {
   // decoder does), so this sizes the flush's staging and the verification's: capacity must be
   // max(L, T) + T, and max(L, T) + 1 <= 64.
   int max_drafts = 0;
+  WindowSync* sync = nullptr;  // [B] on the device, zero-initialised; nullptr: host-side parity
 };
 
 struct ReplayConfig {
@@ -105,12 +131,22 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
 // checkpoint (shared) only.
 void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream);
-// h[b] += accepted[b] for every sequence (1 <= accepted <= T): pointer rollback, nothing copied.
+// h[b] += accepted[b] for every sequence (1 <= accepted <= T): pointer rollback, nothing copied. In
+// place on the current window state (no other kernel reads it meanwhile), so it flips no parity.
 void commit_step(const DecodeShape& shape, const int* accepted, DeviceRecords& records, cudaStream_t stream);
 
 // Baseline: T sequential updates from the state, writing each intermediate state to
 // snapshots[s] (T full FP32 states) and the outputs.
 void snapshot_verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in,
                           const float* state, float* snapshots, cudaStream_t stream);
+
+// The KDA implementations the launchers above route `kind == kda` to (decode_kda_*.cu); same contracts.
+namespace kda_detail {
+void conventional_step(const DecodeShape& shape, const StepInputs& in, DeviceState state, cudaStream_t stream);
+void replay_step(const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config, DeviceRecords& records,
+                 cudaStream_t stream);
+void verify_step(const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
+                 DeviceRecords& records, cudaStream_t stream);
+}  // namespace kda_detail
 
 }  // namespace replayssm::cuda

@@ -10,6 +10,7 @@ using namespace decode_detail;
 
 void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream) {
+  if (kind == ssm::Recurrence::kda) return kda_detail::replay_step(shape, in, config, records, stream);
   check_shape(shape);
   if (config.window < 1 || config.window > kMaxWindow)
     throw_invalid_argument("replay decode supports 1 <= L <= 64", "L", config.window);
@@ -37,7 +38,7 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   launch_replay_nonflush(kind, read, A, grid, stream);
   launch_replay_flush(kind, config.recur.format, A, grid, stream);
   REPLAYSSM_CUDA_CHECK_LAUNCH();
-  records.parity = 1 - records.parity;
+  advance_host_parity(records);
 }
 
 }  // namespace replayssm::cuda

@@ -245,7 +245,7 @@ template <ssm::Recurrence K, StorageFormat RecurF, int DK>
 __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
-  const WindowState win = A.rec.window[A.rec.parity][bg.b];
+  const WindowState win = current_window(A.rec, bg.b);
   const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
   // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory.
   if (flush && win.h + 1 > A.stage) __trap();
@@ -258,12 +258,14 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
     } else {
       next.h = win.h + 1;
     }
-    A.rec.window[1 - A.rec.parity][bg.b] = next;
+    write_next_window(A.rec, bg.b, next);
   }
-  if (!flush) return;
-  const ReplayShared sh = carve_shared(smem, A.stage, DK, bg.dv, bg.NH, true);
-  append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
-  replay_flush_block<K, RecurF, DK>(A, bg, win, sh);
+  if (flush) {
+    const ReplayShared sh = carve_shared(smem, A.stage, DK, bg.dv, bg.NH, true);
+    append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
+    replay_flush_block<K, RecurF, DK>(A, bg, win, sh);
+  }
+  step_block_done(A.rec, bg.b, 2 * gridDim.x);
 }
 
 }  // namespace

@@ -155,7 +155,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
 // A replay step is two launches over the same grid, so each path gets its own register budget
 // (the flush path needs far more registers, and sharing a kernel would cap the occupancy of the
 // non-flush path that most steps take): blocks whose sequence does not take that path exit at once.
-// Both read window[parity]; the flush kernel, launched second, writes window[1 - parity].
+// Both read the current window state; the flush kernel, launched second, writes the next one.
 // Blocks per SM the register budget is sized for (ptxas -v: no spills at these bounds). NVFP4
 // pieces hold 32 columns, so a lane's slice of q (and k) alone takes 32 (64) registers.
 template <ssm::Recurrence K, StorageFormat R, int DK>
@@ -172,11 +172,13 @@ __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) rep
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
-  const WindowState win = A.rec.window[A.rec.parity][bg.b];
-  if (win.h + 1 >= A.window) return;  // the flush kernel's sequence
-  const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false);
-  append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
-  replay_nonflush_block<K, R, DK>(A, bg, win, sh);
+  const WindowState win = current_window(A.rec, bg.b);
+  if (win.h + 1 < A.window) {  // else the flush kernel's sequence
+    const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false);
+    append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
+    replay_nonflush_block<K, R, DK>(A, bg, win, sh);
+  }
+  step_block_done(A.rec, bg.b, 2 * gridDim.x);  // this kernel's and the flush kernel's blocks
 }
 
 }  // namespace

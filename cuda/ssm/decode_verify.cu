@@ -1,6 +1,9 @@
 // Speculative verification (Algorithm 2): output-only verification of T drafts with the GDN UT transform,
-// a flush when h + T > L, and the commit (pointer rollback).
+// a flush when h + T > L, and the commit (pointer rollback). This file holds the tuned kernel for a
+// shared FP32 checkpoint; separate precisions (Algorithm 3) and shared checkpoints below FP32 are in
+// decode_verify_split.cu.
 #include "ssm/decode_common.cuh"
+#include "ssm/decode_kda.cuh"
 
 namespace replayssm::cuda {
 
@@ -56,7 +59,7 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const int NH = bg.NH, dv = bg.dv;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const WindowState win = A.rec.window[A.rec.parity][bg.b];
+  const WindowState win = current_window(A.rec, bg.b);
   const int h = win.h, n = h + TD, HM = A.max_committed, NP = HM + TD;
   if (h > HM) __trap();  // the launcher sizes HM for every h a commit can leave
   const bool flush = h + TD > A.window;
@@ -276,25 +279,28 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
       next.h = 0;
       next.flushes = win.flushes + 1;
     }
-    A.rec.window[1 - A.rec.parity][bg.b] = next;
+    write_next_window(A.rec, bg.b, next);
   }
+  step_block_done(A.rec, bg.b, gridDim.x);
 }
 
 __global__ void commit_kernel(int batch, const int* accepted, DeviceRecords rec) {
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= batch) return;
-  WindowState w = rec.window[rec.parity][b];
-  w.h += accepted[b];
-  rec.window[1 - rec.parity][b] = w;
+  rec.window[window_parity(rec, b)][b].h += accepted[b];  // in place: no other kernel reads it meanwhile
 }
 
 }  // namespace
 
 void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream) {
+  const bool low_precision = config.split() || config.recur.format != StorageFormat::fp32;
+  if (kind == ssm::Recurrence::kda) {
+    if (!low_precision) return kda_detail::verify_step(shape, drafts, in, config, records, stream);
+    check_kda_inputs(in, config.heads_per_block);  // Algorithm 3 for KDA: decode_verify_split.cu
+    check_kda_records(records);
+  }
   check_shape(shape);
-  if (config.split() || config.recur.format != StorageFormat::fp32)
-    throw std::invalid_argument("verification kernels read an fp32 shared checkpoint");
   if (config.window < 1 || config.window > kMaxWindow)
     throw_invalid_argument("verification supports 1 <= L <= 64", "L", config.window);
   if (drafts > records.max_drafts)
@@ -307,6 +313,12 @@ void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, con
   if (records.capacity < max_committed + records.max_drafts)
     throw_invalid_argument("record ring needs capacity max(L, T) + T", "capacity", records.capacity, "needed",
                            max_committed + records.max_drafts);
+  if (low_precision) {
+    // Algorithm 3 (separate HP / LP checkpoints), or a shared checkpoint stored below fp32.
+    launch_split_verify(kind, shape, drafts, in, config, records, max_committed, stream);
+    advance_host_parity(records);
+    return;
+  }
   const int NH = heads_per_block(shape, config.heads_per_block);
   VerifyArgs A{shape, in, config.window, drafts, config.recur, records, NH, max_committed};
   const dim3 grid(shape.value_heads / NH, shape.batch);
@@ -321,13 +333,12 @@ void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, con
     });
   });
   REPLAYSSM_CUDA_CHECK_LAUNCH();
-  records.parity = 1 - records.parity;
+  advance_host_parity(records);
 }
 
 void commit_step(const DecodeShape& shape, const int* accepted, DeviceRecords& records, cudaStream_t stream) {
   commit_kernel<<<(shape.batch + 127) / 128, 128, 0, stream>>>(shape.batch, accepted, records);
   REPLAYSSM_CUDA_CHECK_LAUNCH();
-  records.parity = 1 - records.parity;
 }
 
 }  // namespace replayssm::cuda

@@ -13,7 +13,8 @@ void register_bench(CLI::App& app) {
       "bench",
       "Time the CUDA decode kernels (conventional, ReplaySSM standard decode, low-precision reads,\n"
       "speculative verification) on the paper's model shapes, against the measured copy bandwidth\n"
-      "and the conventional kernel of the same run. Needs a CUDA build and a GPU.");
+      "and the conventional kernel of the same run; --schemes: figure 7's prior speculative schemes\n"
+      "instead. Needs a CUDA build and a GPU.");
 #if REPLAYSSM_WITH_CUDA
   auto o = std::make_shared<cuda::BenchOptions>();
   cmd->add_option("--shapes", o->shapes, "model shapes (replayssm traffic --shape all lists them)")->capture_default_str();
@@ -24,7 +25,22 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--csv", o->csv_out, "also write every measurement as CSV");
   cmd->add_flag("--no-check{false}", o->check,
                 "skip the validation of each kernel against the CPU decoders that runs before it is timed");
-  cmd->callback([o] { cuda::run_decode_bench(*o); });
+  CLI::Option* shapes = cmd->get_option("--shapes");
+  CLI::Option* batches = cmd->get_option("--batch");
+  CLI::Option* drafts = cmd->get_option("--drafts");
+  cmd->add_flag("--schemes", o->schemes,
+                "figure 7 alone (paper appendix A): one verify step + state recovery of The Mamba in the Llama,\n"
+                "Snakes and Ladders (activation replay, joint attainment) and STree beside ReplaySSM's verify and\n"
+                "the vLLM snapshots, for a = 1 and a = T, in conventional steps; unless given, --shapes\n"
+                "nemotron-3-super --batch 256 --drafts 2 4 8");
+  cmd->callback([o, shapes, batches, drafts] {
+    if (o->schemes) {  // the paper's setting unless the command line says otherwise
+      if (shapes->count() == 0) o->shapes = {"nemotron-3-super"};
+      if (batches->count() == 0) o->batches = {256};
+      if (drafts->count() == 0) o->drafts = {2, 4, 8};
+    }
+    cuda::run_decode_bench(*o);
+  });
 #else
   cmd->callback([] {
     throw std::runtime_error("this build has no CUDA kernels: configure with -DREPLAYSSM_CUDA=ON on a machine with nvcc");

@@ -1,4 +1,4 @@
-// replayssm traffic: the analytic models of the paper's appendix C for one model shape (or all four):
+// replayssm traffic: the analytic models of the paper's appendix C for one model shape (or all five):
 // memory traffic per window (conventional vs ReplaySSM, records included), FLOPs and arithmetic
 // intensity, the optimal window L*, the SSM-vs-attention crossover context, low-precision read
 // checkpoints, and (with --drafts) speculative verification against the prior recovery schemes.
@@ -100,13 +100,14 @@ void print_shape(const ModelShape& s, const TrafficOptions& o, const Validated& 
   const uint64_t M = state_bytes(s.dv, s.dk, sf);
   const uint64_t r = record_bytes(s.kind, false, s.dv, s.dk);
   const double nv = s.value_heads;
-  const bool gdn = s.kind == Recurrence::gdn;
+  const bool gdn = s.kind == Recurrence::gdn, kda = s.kind == Recurrence::kda;
 
   std::cout << fmt::format("== {} ({}): {}, {} SSM + {} attention layers, {} key / {} value heads, dk = {}, dv = {}\n",
                            s.name, s.short_name, recurrence_name(s.kind), s.ssm_layers, s.attention_layers, s.key_heads,
                            s.value_heads, s.dk, s.dv);
-  std::cout << fmt::format("   state {}: M_S = {} B per head, {} per layer; record r = 2dv+2dk+4 = {} B; M_S/r = {:.2f}\n\n",
-                           sf_name, group(M), binary(static_cast<double>(M) * nv), r,
+  std::cout << fmt::format("   state {}: M_S = {} B per head, {} per layer; record r = {} = {} B; M_S/r = {:.2f}\n\n",
+                           sf_name, group(M), binary(static_cast<double>(M) * nv),
+                           kda ? "2dv+6dk (dk fp32 decays)" : "2dv+2dk+4", r,
                            static_cast<double>(M) / static_cast<double>(r));
 
   // ---- traffic per window ----
@@ -148,6 +149,9 @@ void print_shape(const ModelShape& s, const TrafficOptions& o, const Validated& 
                              group(materialised_step_flops(s.dv, s.dk, L - 2)));
   if (gdn)
     std::cout << "  (the paper's Mamba-2 counts; a GDN step also needs S k for u = beta (v - alpha S k), about 2 dv dk more)\n";
+  if (kda)
+    std::cout << "  (the paper's Mamba-2 counts; a KDA step also needs S (alpha . k) for u = beta (v - S (alpha . k)), about\n"
+                 "   2 dv dk more, and its channel-wise decay weights differ per value head)\n";
   std::cout << "\n";
 
   // ---- optimal window ----
@@ -195,7 +199,9 @@ void print_shape(const ModelShape& s, const TrafficOptions& o, const Validated& 
   std::cout << fmt::format(
       "Low-precision read checkpoint, per head (Algorithm 3: non-flush steps read the LP copy, the flush reads\n"
       "the {} copy and writes both){}\n",
-      sf_name, gdn ? fmt::format("; GDN records hold (alpha, beta, u, v, k): r = 4dv+2dk+8 = {} B", r_split) : "");
+      sf_name, gdn   ? fmt::format("; GDN records hold (alpha, beta, u, v, k): r = 4dv+2dk+8 = {} B", r_split)
+               : kda ? fmt::format("; KDA records hold (alpha (dk fp32), beta, u, v, k): r = 4dv+6dk+4 = {} B", r_split)
+                     : "");
   std::cout << fmt::format("  {:<16} {:>11} {:>13} {:>15} {:>12} {:>17} {:>13}\n", "read format", "ckpt B", "window B",
                            "vs shared " + sf_name, "vs conv", "non-flush step B", "vs shared");
   const double shared_nonflush = L >= 2 ? replay_nonflush_step_bytes(M, r, L) : 0.0;

@@ -47,9 +47,18 @@ uint64_t split_gdn_record_bytes(int dv, int dk) {
   return kVectorElementBytes * static_cast<uint64_t>(2 * dv + dk) + 2 * kScalarBytes;
 }
 
+uint64_t kda_record_bytes(int dv, int dk) {
+  require_dims(dv, dk);
+  return kVectorElementBytes * static_cast<uint64_t>(dv + dk) + kScalarBytes * static_cast<uint64_t>(dk);
+}
+
+uint64_t split_kda_record_bytes(int dv, int dk) {
+  require_dims(dv, dk);
+  return kVectorElementBytes * static_cast<uint64_t>(2 * dv + dk) + kScalarBytes * static_cast<uint64_t>(dk + 1);
+}
+
 uint64_t record_bytes(Recurrence kind, bool split, int dv, int dk) {
-  // KDA: channel-wise decay would store alpha as a dk vector; not modelled by the paper.
-  if (kind == Recurrence::kda) throw std::invalid_argument("record size of KDA heads is not modelled");
+  if (kind == Recurrence::kda) return split ? split_kda_record_bytes(dv, dk) : kda_record_bytes(dv, dk);
   return (kind == Recurrence::gdn && split) ? split_gdn_record_bytes(dv, dk) : record_bytes(dv, dk);
 }
 

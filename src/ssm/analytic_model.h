@@ -49,6 +49,10 @@ uint64_t state_bytes(int dv, int dk, formats::StorageFormat f);
 uint64_t record_bytes(int dv, int dk);
 // GDN record when the state is kept in two precisions: (alpha, beta fp32, u, v, k bf16) = 4dv + 2dk + 8.
 uint64_t split_gdn_record_bytes(int dv, int dk);
+// KDA (beyond the paper): the decay is a dk-vector, kept in fp32 (the CUDA kernels' records):
+// (alpha 4dk, u bf16, k bf16) = 2dv + 6dk; two precisions (alpha 4dk, beta, u, v, k) = 4dv + 6dk + 4.
+uint64_t kda_record_bytes(int dv, int dk);
+uint64_t split_kda_record_bytes(int dv, int dk);
 // The record a head of this recurrence stores, single (split = false) or two precisions.
 uint64_t record_bytes(Recurrence kind, bool split, int dv, int dk);
 

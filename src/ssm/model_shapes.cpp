@@ -14,12 +14,16 @@ namespace {
 constexpr std::string_view kNoKvNote =
     "not given by the paper: pass --kv-bytes-per-token (bytes of K and V per token per attention layer)";
 
-const std::array<ModelShape, 4> kShapes = {{
+const std::array<ModelShape, 5> kShapes = {{
     {"nemotron-3-nano-4b", "Nemotron-3-Nano-4B", Recurrence::mamba2, 21, 4, 8, 96, 128, 80, std::nullopt, kNoKvNote},
     {"nemotron-3-super", "Nemotron-3-Super-120B-A12B", Recurrence::mamba2, 40, 8, 8, 128, 128, 64, 512.0,
      "paper C.2: 2 KV heads x 128 x {K,V} x 1 B (FP8) = 512 B"},
     {"qwen3.5-4b", "Qwen3.5-4B", Recurrence::gdn, 24, 8, 16, 32, 128, 128, std::nullopt, kNoKvNote},
     {"qwen3.5-122b-a10b", "Qwen3.5-122B-A10B", Recurrence::gdn, 36, 12, 16, 64, 128, 128, std::nullopt, kNoKvNote},
+    // Beyond the paper: KDA (channel-wise decay), config.json of Kimi-Linear-48B-A3B-Instruct.
+    {"kimi-linear-48b-a3b", "Kimi-Linear-48B-A3B", Recurrence::kda, 20, 7, 32, 32, 128, 128, std::nullopt,
+     "not given by the paper (Kimi Linear's MLA caches a latent of kv_lora_rank 512 + qk_rope_head_dim 64 values per "
+     "token, 1,152 B in bf16, per its config.json): pass --kv-bytes-per-token"},
 }};
 
 bool iequal(std::string_view a, std::string_view b) {

@@ -12,6 +12,7 @@
 #include <boost/random/uniform_real_distribution.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cuda_bf16.h>
 #include <limits>
 #include <memory>
@@ -563,6 +564,298 @@ TEST_CASE("standard steps after verification commits (h >= L) equal the CPU deco
       ++n;
     }
     CHECK(case_long_flushes > 0);
+  }
+}
+
+// Algorithm 3 on the GPU: verification reads the LP copy when h + T <= L and the HP copy when h + T > L;
+// a flush folds the committed records from the HP copy (GDN: u_j^HP recomputed) and writes both copies.
+// Also a shared checkpoint stored below FP32 (fp16 with SR or RTN). Rounds of verify + commit (random
+// accepted lengths, so the sequences' windows drift apart) alternate with 0-2 standard steps, against
+// the CPU's SplitPrecisionReplayDecoder / ReplayDecoder: every output; at the end the FP32 HP
+// checkpoints (FP32 tolerance: the HP path never reads the LP copy) and every LP copy bit-equal to
+// formats::quantize_matrix of the GPU's own HP copy.
+TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared verification equal the CPU decoders") {
+  boost::random::mt19937_64 rng(test::kBaseSeed + 45000);
+  struct PolicyCase {
+    const char* policy;
+    int T;
+  };
+  const PolicyCase policies[] = {{"split:fp16/fp32@16", 4},       {"split:nvfp4/fp32@16", 8}, {"split:fp8b128/fp16+sr@8", 4},
+                                 {"split:bf16/fp32@4", 8},        {"split:nvfp4/fp32@5", 2},  {"split:fp8b128/fp32@4", 1},
+                                 {"shared:fp16+sr@16", 8},        {"shared:fp16+rtn@8", 2}};
+  int n = 0;
+  for (const Case& c : cases()) {
+    for (const PolicyCase& pc : policies) {
+      const DecodeShape& s = c.shape;
+      const auto policy = ssm::PrecisionPolicy::parse(pc.policy);
+      if (policy.read.format == StorageFormat::fp8b128 && s.dk % 128) continue;
+      const int L = policy.window, T = pc.T;
+      const bool split = policy.scheme == ssm::DecodeScheme::split;
+      ssm::ReplayDecoderOptions opts;
+      opts.max_draft = T;
+      std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu_owner;
+      std::vector<ssm::ReplayDecoderBase*> cpu;
+      for (int b = 0; b < s.batch; ++b)
+        for (int g = 0; g < s.key_heads; ++g) {
+          cpu_owner.push_back(ssm::make_decoder({c.kind, s.dk, s.dv, s.heads_per_group()}, policy,
+                                                {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}, opts));
+          cpu.push_back(dynamic_cast<ssm::ReplayDecoderBase*>(cpu_owner.back().get()));
+          REQUIRE(cpu.back() != nullptr);
+        }
+      StateBuffers recur_buf(policy.recur.format, s);
+      std::unique_ptr<StateBuffers> read_buf;
+      cuda::ReplayConfig config;
+      config.window = L;
+      config.recur = recur_buf.view;
+      config.recur_rounding = policy.recur.rounding;
+      config.seed = policy.seed;
+      config.heads_per_block = c.heads_per_block;
+      if (split) {
+        read_buf = std::make_unique<StateBuffers>(policy.read.format, s);
+        config.read = read_buf->view;
+      }
+      RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
+      rec.view.max_drafts = T;
+      DeviceArray<int> accepted(s.batch);
+      InputGen gen(test::kBaseSeed + 46000 + n, c.slow_decay);
+      Collected meter;
+      int lp_verifies = 0, folding_verifies = 0;
+      for (int round = 0; round < 14; ++round) {
+        {
+          const HostStep h = gen.make(c.kind, s, T);
+          DeviceStep d(h, s.heads() * s.dv * T);
+          cuda::verify_step(c.kind, s, T, d.inputs(), config, rec.view, nullptr);
+          std::vector<int> acc(s.batch);
+          for (int b = 0; b < s.batch; ++b) acc[b] = boost::random::uniform_int_distribution<int>(1, T)(rng);
+          accepted.upload(acc);
+          cuda::commit_step(s, accepted.ptr, rec.view, nullptr);
+          REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto out = d.out.download();
+          for (int b = 0; b < s.batch; ++b)
+            for (int g = 0; g < s.key_heads; ++g) {
+              auto& dec = *cpu[b * s.key_heads + g];
+              const int h0 = dec.committed();
+              lp_verifies += h0 + T <= L;
+              folding_verifies += h0 + T > L && h0 > 0;
+              std::vector<ssm::GroupToken> drafts;
+              for (int t = 0; t < T; ++t) drafts.push_back(group_token(h, s, b, g, t));
+              std::vector<float> ref(static_cast<std::size_t>(T) * s.heads_per_group() * s.dv);
+              dec.verify(drafts, ref.data());
+              dec.commit(acc[b]);
+              for (int t = 0; t < T; ++t) {
+                std::vector<float> ref_t(ref.begin() + static_cast<std::ptrdiff_t>(t) * s.heads_per_group() * s.dv,
+                                         ref.begin() + static_cast<std::ptrdiff_t>(t + 1) * s.heads_per_group() * s.dv);
+                const std::size_t off = ((static_cast<std::size_t>(b) * T + t) * s.value_heads + g * s.heads_per_group()) * s.dv;
+                meter.add(out, off, ref_t);
+              }
+            }
+        }
+        // T = 1 folds only at h = L, which L commits in a row reach (a standard step at h = L - 1 flushes first).
+        const int steps = T == 1 ? 0 : boost::random::uniform_int_distribution<int>(0, 2)(rng);
+        for (int st = 0; st < steps; ++st) {
+          const HostStep h = gen.make(c.kind, s, 1);
+          DeviceStep d(h, s.heads() * s.dv);
+          cuda::replay_step(c.kind, s, d.inputs(), config, rec.view, nullptr);
+          REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto out = d.out.download();
+          for (int b = 0; b < s.batch; ++b)
+            for (int g = 0; g < s.key_heads; ++g) {
+              std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+              cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
+              const std::size_t off = (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv;
+              meter.add(out, off, ref);
+            }
+        }
+      }
+      // Checkpoints: the FP32 HP copy within FP32 rounding; every LP copy of a sequence that flushed
+      // equals the quantization of the GPU's own HP copy, bit for bit.
+      Collected states;
+      int read_checks = 0, read_mismatch = 0;
+      if (policy.recur.format == StorageFormat::fp32) {
+        const auto recur_bytes = recur_buf.payload.download();
+        const float* gs = reinterpret_cast<const float*>(recur_bytes.data());
+        std::vector<uint8_t> read_payload, read_codes;
+        std::vector<float> read_scales, read_tensor;
+        if (split) {
+          read_payload = read_buf->payload.download(), read_codes = read_buf->scale_codes.download();
+          read_scales = read_buf->block_scales.download(), read_tensor = read_buf->tensor_scales.download();
+        }
+        for (int b = 0; b < s.batch; ++b)
+          for (int g = 0; g < s.key_heads; ++g)
+            for (int j = 0; j < s.heads_per_group(); ++j) {
+              const auto& dec = *cpu[b * s.key_heads + g];
+              const auto& S = split ? static_cast<const ssm::SplitPrecisionReplayDecoder&>(dec).recur_checkpoint(j)
+                                    : static_cast<const ssm::ReplayDecoder&>(dec).checkpoint(j);
+              const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group() + j;
+              std::vector<float> gpu_head(gs + head * s.head_elements(), gs + (head + 1) * s.head_elements());
+              states.add(gpu_head, 0, std::vector<float>(S.data(), S.data() + S.size()));
+              if (!split || dec.flushes() == 0) continue;
+              const auto q = formats::quantize_matrix(gpu_head.data(), s.dv, s.dk, policy.read.format, formats::Rounding::rtn);
+              bool same = std::equal(q.payload.begin(), q.payload.end(), read_payload.begin() + head * q.payload.size());
+              if (!q.block_scale_codes.empty())
+                same = same && std::equal(q.block_scale_codes.begin(), q.block_scale_codes.end(),
+                                          read_codes.begin() + head * q.block_scale_codes.size());
+              if (!q.block_scales.empty())
+                same = same && std::equal(q.block_scales.begin(), q.block_scales.end(),
+                                          read_scales.begin() + head * q.block_scales.size());
+              if (policy.read.format == StorageFormat::nvfp4) same = same && q.tensor_scale == read_tensor[head];
+              ++read_checks;
+              read_mismatch += !same;
+            }
+      }
+      const double tol = policy.recur.format == StorageFormat::fp32 ? 5e-3 : 2e-2;
+      const auto close = meter.close(tol, "verify vs CPU");
+      std::printf("low-precision verify %s %-24s T=%d B=%d G=%d H=%d dk=%d dv=%d NH=%d: %d LP verifies, %d folding verifies; "
+                  "max |d|/allowed outputs %.2f (tol %.0e)%s%s\n",
+                  std::string(ssm::to_string(c.kind)).c_str(), pc.policy, T, s.batch, s.key_heads, s.value_heads, s.dk, s.dv,
+                  c.heads_per_block, lp_verifies, folding_verifies, close.max_excess, tol,
+                  states.gpu.empty() ? "" : (", HP checkpoints " + std::to_string(states.close(1e-5, "HP").max_excess)).c_str(),
+                  read_checks ? (", LP copies bit-equal " + std::to_string(read_checks - read_mismatch) + "/" +
+                                 std::to_string(read_checks)).c_str()
+                              : "");
+      check_with_flips(meter, close, "low-precision verify vs CPU");
+      if (!states.gpu.empty()) CHECK_CLOSE(states.close(1e-5, "FP32 HP checkpoints vs CPU"));
+      CHECK(read_mismatch == 0);
+      CHECK(folding_verifies > 0);
+      if (T <= L) CHECK(lp_verifies > 0);
+      ++n;
+    }
+  }
+}
+
+// CUDA Graphs (paper appendix D.2): with DeviceRecords::sync the window-state parity lives on the device,
+// so one captured decode step (verify + commit, or a standard step) replays step after step with no
+// host involvement: the flush decisions come from the device-resident h, the commit from the accepted
+// lengths in device memory. The inputs and accepted lengths are copied into the captured buffers
+// before each replay. Against the same kernels launched one by one with host-side parity, on identical
+// inputs: every output, every stored copy and every window state bit-equal.
+TEST_CASE("CUDA Graphs: captured verify + commit and captured standard steps replay bit-equal to uncaptured launches") {
+  boost::random::mt19937_64 rng(test::kBaseSeed + 47000);
+  struct GraphCase {
+    ssm::Recurrence kind;
+    DecodeShape shape;
+    const char* policy;
+    int T;  // 0: standard steps
+  };
+  const GraphCase graph_cases[] = {
+      {ssm::Recurrence::mamba2, {8, 1, 16, 128, 64}, "shared:fp32@16", 4},
+      {ssm::Recurrence::gdn, {8, 1, 16, 128, 64}, "shared:fp32@16", 8},
+      {ssm::Recurrence::gdn, {3, 2, 6, 64, 37}, "split:nvfp4/fp32@8", 4},
+      {ssm::Recurrence::mamba2, {4, 2, 8, 128, 80}, "split:fp8b128/fp16+sr@4", 2},
+      {ssm::Recurrence::mamba2, {8, 1, 16, 128, 64}, "split:nvfp4/fp32@16", 0},
+      {ssm::Recurrence::gdn, {3, 2, 6, 64, 37}, "shared:fp32@5", 0},
+  };
+  int n = 0;
+  for (const GraphCase& gc : graph_cases) {
+    const DecodeShape& s = gc.shape;
+    const auto policy = ssm::PrecisionPolicy::parse(gc.policy);
+    const int L = policy.window, T = gc.T, tokens = std::max(1, T);
+    const bool split = policy.scheme == ssm::DecodeScheme::split;
+    // Two identical decoders: "graph" (device-resident parity, replayed graph) and "plain".
+    struct Decoder {
+      StateBuffers recur;
+      std::unique_ptr<StateBuffers> read;
+      RecordBuffers rec;
+      DeviceArray<cuda::WindowSync> sync;
+      cuda::ReplayConfig config;
+      Decoder(const DecodeShape& s, const ssm::PrecisionPolicy& p, int L, int T, bool device_parity)
+          : recur(p.recur.format, s), rec(s, T > 0 ? std::max(L, T) + T : L, std::vector<cuda::WindowState>(s.batch)),
+            sync(s.batch) {
+        config.window = L;
+        config.recur = recur.view;
+        config.recur_rounding = p.recur.rounding;
+        config.seed = p.seed;
+        if (p.scheme == ssm::DecodeScheme::split) {
+          read = std::make_unique<StateBuffers>(p.read.format, s);
+          config.read = read->view;
+        }
+        rec.view.max_drafts = T;
+        if (device_parity) rec.view.sync = sync.ptr;
+      }
+      std::vector<cuda::WindowState> windows() const {
+        const auto w0 = rec.w0.download(), w1 = rec.w1.download();
+        std::vector<cuda::WindowState> cur(w0.size());
+        const auto parity = sync.download();
+        for (std::size_t b = 0; b < cur.size(); ++b)
+          cur[b] = (rec.view.sync ? parity[b].parity : rec.view.parity) == 0 ? w0[b] : w1[b];
+        return cur;
+      }
+    };
+    Decoder graph(s, policy, L, T, true), plain(s, policy, L, T, false);
+    cudaStream_t stream;
+    REPLAYSSM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    InputGen gen(test::kBaseSeed + 48000 + n, n % 2 == 0);
+    // The graph's input buffers, captured once; refilled before every replay.
+    HostStep first = gen.make(gc.kind, s, tokens);
+    DeviceStep gin(first, s.heads() * s.dv * tokens);
+    DeviceArray<int> gacc(s.batch), pacc(s.batch);
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    REPLAYSSM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    if (T > 0) {
+      cuda::verify_step(gc.kind, s, T, gin.inputs(), graph.config, graph.rec.view, stream);
+      cuda::commit_step(s, gacc.ptr, graph.rec.view, stream);
+    } else {
+      cuda::replay_step(gc.kind, s, gin.inputs(), graph.config, graph.rec.view, stream);
+    }
+    REPLAYSSM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+    REPLAYSSM_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    const int rounds = T > 0 ? 40 : 3 * L + 7;
+    int flush_rounds = 0, output_mismatch = 0;
+    std::size_t outputs = 0;
+    for (int round = 0; round < rounds; ++round) {
+      const HostStep h = round == 0 ? first : gen.make(gc.kind, s, tokens);
+      std::vector<int> acc(s.batch);
+      for (int b = 0; b < s.batch; ++b) acc[b] = T > 0 ? boost::random::uniform_int_distribution<int>(1, T)(rng) : 1;
+      const auto before = plain.windows();
+      for (int b = 0; b < s.batch; ++b) flush_rounds += T > 0 ? before[b].h + T > L : before[b].h + 1 >= L;
+      // Graph: refill the captured buffers, replay.
+      REPLAYSSM_CUDA_CHECK(cudaMemcpyAsync(gin.q.ptr, h.q.data(), h.q.size() * sizeof(h.q[0]), cudaMemcpyHostToDevice, stream));
+      REPLAYSSM_CUDA_CHECK(cudaMemcpyAsync(gin.k.ptr, h.k.data(), h.k.size() * sizeof(h.k[0]), cudaMemcpyHostToDevice, stream));
+      REPLAYSSM_CUDA_CHECK(cudaMemcpyAsync(gin.v.ptr, h.v.data(), h.v.size() * sizeof(h.v[0]), cudaMemcpyHostToDevice, stream));
+      REPLAYSSM_CUDA_CHECK(cudaMemcpyAsync(gin.alpha.ptr, h.alpha.data(), h.alpha.size() * 4, cudaMemcpyHostToDevice, stream));
+      REPLAYSSM_CUDA_CHECK(cudaMemcpyAsync(gin.beta.ptr, h.beta.data(), h.beta.size() * 4, cudaMemcpyHostToDevice, stream));
+      REPLAYSSM_CUDA_CHECK(cudaMemcpyAsync(gacc.ptr, acc.data(), acc.size() * 4, cudaMemcpyHostToDevice, stream));
+      REPLAYSSM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      REPLAYSSM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      // Plain: the same kernels launched one by one, host-side parity.
+      DeviceStep pin(h, s.heads() * s.dv * tokens);
+      pacc.upload(acc);
+      if (T > 0) {
+        cuda::verify_step(gc.kind, s, T, pin.inputs(), plain.config, plain.rec.view, nullptr);
+        cuda::commit_step(s, pacc.ptr, plain.rec.view, nullptr);
+      } else {
+        cuda::replay_step(gc.kind, s, pin.inputs(), plain.config, plain.rec.view, nullptr);
+      }
+      REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto go = gin.out.download(), po = pin.out.download();
+      outputs += go.size();
+      for (std::size_t i = 0; i < go.size(); ++i)
+        output_mismatch += std::memcmp(&go[i], &po[i], sizeof(float)) != 0;
+    }
+    const auto gw = graph.windows(), pw = plain.windows();
+    int window_mismatch = 0;
+    for (int b = 0; b < s.batch; ++b)
+      window_mismatch += gw[b].h != pw[b].h || gw[b].start != pw[b].start || gw[b].flushes != pw[b].flushes;
+    const bool recur_same = graph.recur.payload.download() == plain.recur.payload.download();
+    const bool read_same = !split || (graph.read->payload.download() == plain.read->payload.download() &&
+                                      graph.read->scale_codes.download() == plain.read->scale_codes.download() &&
+                                      graph.read->block_scales.download() == plain.read->block_scales.download() &&
+                                      graph.read->tensor_scales.download() == plain.read->tensor_scales.download());
+    std::printf("graph %s %-24s %s B=%d H=%d dk=%d dv=%d: %d replays, %d row-steps flushing; outputs differing %d of %zu, "
+                "windows differing %d, recur copy %s, read copy %s\n",
+                std::string(ssm::to_string(gc.kind)).c_str(), gc.policy, T > 0 ? ("verify+commit T=" + std::to_string(T)).c_str() : "standard step",
+                s.batch, s.value_heads, s.dk, s.dv, rounds, flush_rounds, output_mismatch, outputs, window_mismatch,
+                recur_same ? "bit-equal" : "DIFFERS", split ? (read_same ? "bit-equal" : "DIFFERS") : "-");
+    CHECK(output_mismatch == 0);
+    CHECK(window_mismatch == 0);
+    CHECK(recur_same);
+    CHECK(read_same);
+    CHECK(flush_rounds > 0);
+    REPLAYSSM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    REPLAYSSM_CUDA_CHECK(cudaGraphDestroy(g));
+    REPLAYSSM_CUDA_CHECK(cudaStreamDestroy(stream));
+    ++n;
   }
 }
 

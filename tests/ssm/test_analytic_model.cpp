@@ -25,7 +25,7 @@ using formats::StorageFormat;
 // ---- the paper's numbers ------------------------------------------------------------------------
 
 TEST_CASE("paper shapes: section 8 table and lookup") {
-  REQUIRE(paper_shapes().size() == 4);
+  REQUIRE(paper_shapes().size() == 5);  // the paper's four, then Kimi Linear (KDA, beyond the paper)
   const ModelShape& s = find_shape("nemotron-3-super");
   CHECK(s.name == "Nemotron-3-Super-120B-A12B");
   CHECK(s.kind == Recurrence::mamba2);
@@ -40,6 +40,19 @@ TEST_CASE("paper shapes: section 8 table and lookup") {
   CHECK(find_shape("nemotron-3-nano-4b").dv == 80);
   CHECK(find_shape("qwen3.5-4b").kind == Recurrence::gdn);
   CHECK(find_shape("qwen3.5-122b-a10b").value_heads == 64);
+  const ModelShape& kimi = find_shape("Kimi-Linear-48B-A3B");
+  CHECK(kimi.kind == Recurrence::kda);
+  CHECK(kimi.ssm_layers == 20);
+  CHECK(kimi.attention_layers == 7);
+  CHECK(kimi.key_heads == 32);
+  CHECK(kimi.value_heads == 32);
+  CHECK(kimi.dk == 128);
+  CHECK(kimi.dv == 128);
+  CHECK(!kimi.kv_bytes_per_token);
+  // KDA records carry dk fp32 decays: (alpha, u, k) = 2dv + 6dk, split (alpha, beta, u, v, k) = 4dv + 6dk + 4.
+  CHECK(record_bytes(Recurrence::kda, false, 128, 128) == 2u * 128 + 6 * 128);
+  CHECK(record_bytes(Recurrence::kda, true, 128, 128) == 4u * 128 + 6 * 128 + 4);
+  CHECK(layer_record_bytes(kimi, false, true) == 32u * (2 * 128 + 6 * 128));
   try {
     find_shape("mamba-7b");
     FAIL("expected std::invalid_argument");
