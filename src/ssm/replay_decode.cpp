@@ -126,10 +126,10 @@ ReplayDecoderBase::ReplayDecoderBase(const HeadGroupShape& shape, const Precisio
       ring_((check_shape(shape), shape), ring_capacity_for(policy, options)) {
   check_state_format(policy.recur, shape.dv, shape.dk);
   if (split()) check_state_format(policy.read, shape.dv, shape.dk);
-  if (policy.skip.mode != CheckpointSkip::Mode::off)
+  if (policy.skip.mode != CheckpointSkip::Mode::off && options.max_draft > 1)
     throw std::invalid_argument(fmt::format(
-        "ReplayDecoder: policy {} skips checkpoint reads (appendix F), which the sequence emulator implements and "
-        "the literal decoders do not yet",
+        "ReplayDecoder: policy {} skips checkpoint reads (appendix F), which the literal decoders implement for "
+        "standard decode only (max_draft must be 1)",
         policy.to_string()));
   const std::size_t G = static_cast<std::size_t>(shape.n_value_heads);
   recur_.assign(G, StateMatrix::Zero(shape.dv, shape.dk));
@@ -183,6 +183,18 @@ void ReplayDecoderBase::step(const GroupToken& x, float* out) {
   for (int g = 0; g < G; ++g) {
     WindowRecords& rec = recs_[static_cast<std::size_t>(g)];
     float* o = out + static_cast<std::ptrdiff_t>(g) * dv;
+    if (skips_checkpoint_read(rec, n, flush)) {
+      // Appendix F: gamma_h below what the copy read can resolve, so the read is skipped and the state
+      // is the window's own contribution, W = REPLAY(0, B[1:h]), every correction recomputed from W
+      // (as the sequence emulator steps it); a flush writes Q(W), a pure write.
+      S_.setZero();
+      replay(shape_.kind, S_, K_, rec, n, 0, rs_);
+      state_output(S_, q_, o_);
+      Eigen::Map<Vector>(o, dv) = o_;
+      if (flush) write_checkpoints(g, S_);
+      if (!flush && delta) ring_.set_u(h, g, rec.U.row(h));  // later steps of this window skip too (gamma falls)
+      continue;
+    }
     if (output_only_step) {
       // o_t = g_h S_ckpt q_t + sum_j g_{j+1:h} u_j (k_j^T q_t); GDN/KDA: u_t by the T = 1 UT form.
       output_only(shape_.kind, checkpoint_for(g, false), K_, rec, h, 1, Q_, &products_, O_, oo_);
@@ -207,6 +219,16 @@ void ReplayDecoderBase::step(const GroupToken& x, float* out) {
     h_ = n;
   }
   ++tokens_;
+}
+
+bool ReplayDecoderBase::skips_checkpoint_read(const WindowRecords& rec, int n, bool flush) {
+  if (policy_.skip.mode == CheckpointSkip::Mode::off) return false;
+  // gamma over the window's records in token order, float32, the largest channel for KDA: the
+  // emulator's running product (sequence_emulator.cpp skip_read), recomputed from the records.
+  gamma_ = rec.alpha.row(0).transpose();
+  for (int j = 1; j < n; ++j) gamma_ = gamma_.cwiseProduct(rec.alpha.row(j).transpose());
+  const StateFormat& copy = (flush || !split()) ? policy_.recur : policy_.read;
+  return gamma_.maxCoeff() < policy_.skip.threshold_for(copy);
 }
 
 void ReplayDecoderBase::verify(std::span<const GroupToken> drafts, float* out) {

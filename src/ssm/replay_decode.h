@@ -137,6 +137,9 @@ class ReplayDecoderBase : public HeadGroupDecoder {
   const StateMatrix& checkpoint_for(int g, bool flush) const;
   // Quantizes S into the checkpoint(s) of value head g at event flushes_.
   void write_checkpoints(int g, const StateMatrix& S);
+  // Appendix F (',skip='): whether this standard step of a head skips its checkpoint read, from the
+  // window's n records (non-flush steps read the read copy, flushes the recur copy).
+  bool skips_checkpoint_read(const WindowRecords& rec, int n, bool flush);
 
   HeadGroupShape shape_;
   PrecisionPolicy policy_;
@@ -157,7 +160,7 @@ class ReplayDecoderBase : public HeadGroupDecoder {
   OutputOnlyScratch oo_;
   ReplayScratch rs_;
   StateMatrix S_;
-  Vector q_, o_;
+  Vector q_, o_, gamma_;
 };
 
 // Shared checkpoint (one copy read by every step and carrying the recurrence).

@@ -71,7 +71,10 @@ TEST_CASE("emulator == literal decoders under quantized policies: bit-identical 
   const char* policies[] = {"shared:nvfp4+rtn@16,seed=11", "shared:fp16+sr@16,seed=12", "split:nvfp4+rtn/fp32@16",
                             "split:nvfp4+rtn/fp16+sr@16,seed=13", "conv:fp8b128+sr,seed=14",
                             "shared:nvfp4+sr@5,seed=15", "split:fp8b128+rtn/fp8b128+sr@8,seed=16",
-                            "conv:bf16+ef", "shared:nvfp4+ef@16", "split:nvfp4+ef/fp16+ef@8"};
+                            "conv:bf16+ef", "shared:nvfp4+ef@16", "split:nvfp4+ef/fp16+ef@8",
+                            // appendix F skipping, on decays fast enough (0.3-0.8) that reads do skip
+                            "shared:nvfp4+rtn@16,skip=0.2", "split:nvfp4+rtn/fp32@8,skip=auto",
+                            "split:nvfp4+rtn/fp16+sr@8,seed=3,skip=0.05", "shared:fp16+sr@4,seed=4,skip=0.3"};
   uint64_t case_seed = test::kBaseSeed * 1000 + 500;
   const HeadGroupId id{3, 5};
   std::printf("\n[emulator vs literal decoders, quantized] outputs: max per-token/rms relative difference\n");
@@ -81,7 +84,8 @@ TEST_CASE("emulator == literal decoders under quantized policies: bit-identical 
       const bool fp8 = p.recur.format == formats::StorageFormat::fp8b128;
       const HeadGroupShape shape{kind, fp8 ? 128 : 48, fp8 ? 16 : 24, 3};
       const int n = p.scheme == DecodeScheme::conventional ? 300 : 1000;
-      const GroupData d = test::make_group_data(shape, n, 0.99f, 1.0f, ++case_seed);
+      const bool skipping = p.skip.mode != CheckpointSkip::Mode::off;
+      const GroupData d = test::make_group_data(shape, n, skipping ? 0.3f : 0.99f, skipping ? 0.8f : 1.0f, ++case_seed);
       Snapshots snaps;
       std::vector<int64_t> head_events(static_cast<std::size_t>(shape.n_value_heads), 0);
       EmulatorOptions opt;
@@ -92,9 +96,12 @@ TEST_CASE("emulator == literal decoders under quantized policies: bit-identical 
         if (read) s.read.assign(read, read + shape.dv * shape.dk);
         snaps[{e, g}] = std::move(s);
       };
+      int64_t skipped = 0;
+      if (skipping) opt.on_skip_counts = [&](int, const SkipCounts& c) { skipped += c.steps_skipped + c.flushes_skipped; };
       const Outputs emu = test::run_emulator(d, p, id, opt);
       CAPTURE(to_string(kind));
       CAPTURE(text);
+      if (skipping) CHECK(skipped > 0);  // else the skip path of the decoders is not exercised
       for (NonFlushForm form : {NonFlushForm::materialize, NonFlushForm::output_only}) {
         if (p.scheme == DecodeScheme::conventional && form == NonFlushForm::output_only) continue;  // no such form
         auto dec = make_decoder(shape, p, id, {.non_flush = form});
