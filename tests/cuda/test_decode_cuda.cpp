@@ -23,6 +23,7 @@
 #include "ssm/replay_decode.h"
 #include "test_util.h"
 #include "gpu_test_util.h"
+#include "decode_test_util.h"
 
 using namespace replayssm;
 using cuda::DecodeShape;
@@ -30,26 +31,14 @@ using formats::StorageFormat;
 
 namespace {
 
+using test::check_with_flips;
+using test::Collected;
+using test::DeviceArray;
+using test::ReadCopyHost;
+using test::RecordBuffers;
+using test::StateBuffers;
+
 const test::GpuGuard gpu_guard("decode kernel tests");
-
-template <class T>
-struct DeviceArray {
-  T* ptr = nullptr;
-  std::size_t n = 0;
-  explicit DeviceArray(std::size_t count) : n(count) {
-    REPLAYSSM_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(1, count) * sizeof(T)));
-    REPLAYSSM_CUDA_CHECK(cudaMemset(ptr, 0, std::max<std::size_t>(1, count) * sizeof(T)));
-  }
-  ~DeviceArray() { cudaFree(ptr); }
-  DeviceArray(const DeviceArray&) = delete;
-  void upload(const std::vector<T>& h) { REPLAYSSM_CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    REPLAYSSM_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
 
 // One step's inputs for the whole batch (T tokens for verification), host copies as floats that
 // are exactly the bf16 values the GPU reads.
@@ -121,71 +110,6 @@ ssm::GroupToken group_token(const HostStep& h, const DecodeShape& s, int b, int 
   }
   return t;
 }
-
-// Every GPU value of a case and its CPU reference, compared at the end with the comparison rule of
-// test_util.h relative to the case's RMS value: |gpu - cpu| <= tol (rms|cpu| + |cpu|), because a
-// plain per-element relative error blows up on outputs that nearly cancel. A NaN (an unwritten,
-// poisoned output) never matches.
-struct Collected {
-  std::vector<double> gpu, cpu;
-  void add(const std::vector<float>& g, std::size_t offset, const std::vector<float>& ref) {
-    gpu.insert(gpu.end(), g.begin() + static_cast<std::ptrdiff_t>(offset),
-               g.begin() + static_cast<std::ptrdiff_t>(offset + ref.size()));
-    cpu.insert(cpu.end(), ref.begin(), ref.end());
-  }
-  test::Closeness close(double tol, const std::string& what) const {
-    return test::compare_close(gpu, cpu, {tol * test::rms(cpu.data(), cpu.size()), tol}, what);
-  }
-};
-
-// Low-precision states: GPU and CPU each round their own FP32 update (or quantize their own recur
-// checkpoint for the read copy, which the replay test checks bit for bit against the GPU's own);
-// a 1-ulp difference there can flip one stored code, which moves every output that reads it by up
-// to one code step. Elements outside `tol` are such flips: they are counted and reported, at most
-// 0.1% of the elements may be, and every element stays within one code step, 0.25 (rms + |cpu|).
-void check_with_flips(const Collected& meter, const test::Closeness& close, const char* what) {
-  MESSAGE(std::string(what) << ": " << close.mismatches << " of " << close.count << " elements beyond the FP32-path tolerance "
-               << "(flipped low-precision codes)");
-  INFO(close.report());
-  CHECK(close.mismatches * 1000 <= close.count);
-  CHECK_CLOSE(meter.close(0.25, std::string(what) + " within one code step"));
-}
-
-struct StateBuffers {
-  DeviceArray<uint8_t> payload, scale_codes;
-  DeviceArray<float> block_scales, tensor_scales;
-  cuda::DeviceState view;
-  StateBuffers(StorageFormat f, const DecodeShape& s)
-      : payload(formats::storage_bytes(f, 1, s.head_elements()) * s.heads()),
-        scale_codes(f == StorageFormat::nvfp4 ? s.heads() * s.head_elements() / 16 : 0),
-        block_scales(f == StorageFormat::fp8b128 ? s.heads() * s.head_elements() / 128 : 0),
-        tensor_scales(f == StorageFormat::nvfp4 ? s.heads() : 0) {
-    view.format = f;
-    view.payload = payload.ptr;
-    view.scale_codes = f == StorageFormat::nvfp4 ? scale_codes.ptr : nullptr;
-    view.block_scales = f == StorageFormat::fp8b128 ? block_scales.ptr : nullptr;
-    view.tensor_scales = f == StorageFormat::nvfp4 ? tensor_scales.ptr : nullptr;
-  }
-};
-
-struct RecordBuffers {
-  DeviceArray<__nv_bfloat16> k, v;
-  DeviceArray<float> u, alpha, beta;
-  DeviceArray<cuda::WindowState> w0, w1;
-  cuda::DeviceRecords view;
-  RecordBuffers(const DecodeShape& s, int capacity, const std::vector<cuda::WindowState>& initial)
-      : k(static_cast<std::size_t>(s.batch) * capacity * s.key_heads * s.dk),
-        v(static_cast<std::size_t>(s.batch) * capacity * s.value_heads * s.dv),
-        u(static_cast<std::size_t>(s.batch) * capacity * s.value_heads * s.dv),
-        alpha(static_cast<std::size_t>(s.batch) * capacity * s.value_heads),
-        beta(static_cast<std::size_t>(s.batch) * capacity * s.value_heads), w0(s.batch), w1(s.batch) {
-    // Empty records are neutral: a = 1, v = u = k = 0 (so staggered window positions need no history).
-    std::vector<float> ones(alpha.n, 1.0f);
-    alpha.upload(ones);
-    w0.upload(initial);
-    view = {capacity, k.ptr, v.ptr, u.ptr, alpha.ptr, beta.ptr, {w0.ptr, w1.ptr}, 0};
-  }
-};
 
 struct Case {
   ssm::Recurrence kind;
@@ -318,25 +242,12 @@ TEST_CASE("ReplaySSM decode kernels equal the CPU decoders: shared fp32 and spli
         if (split && policy.recur.format == StorageFormat::fp32) {
           std::vector<float> recur_host(s.heads() * s.head_elements());
           REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), recur_buf.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
-          const auto read_payload = read_buf->payload.download();
-          const auto read_codes = read_buf->scale_codes.download();
-          const auto read_scales = read_buf->block_scales.download();
-          const auto read_tensor = read_buf->tensor_scales.download();
+          const ReadCopyHost read_copy(*read_buf);
           for (int b = 0; b < s.batch; ++b) {
             if ((b % L + step + 1) % L != 0) continue;  // not flushed at this step
             for (int hd = 0; hd < s.value_heads; ++hd) {
               const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd;
-              const auto q = formats::quantize_matrix(&recur_host[head * s.head_elements()], s.dv, s.dk, policy.read.format,
-                                                      formats::Rounding::rtn);
-              const std::size_t pb = q.payload.size();
-              bool same = std::equal(q.payload.begin(), q.payload.end(), read_payload.begin() + head * pb);
-              if (!q.block_scale_codes.empty())
-                same = same && std::equal(q.block_scale_codes.begin(), q.block_scale_codes.end(),
-                                          read_codes.begin() + head * q.block_scale_codes.size());
-              if (!q.block_scales.empty())
-                same = same && std::equal(q.block_scales.begin(), q.block_scales.end(),
-                                          read_scales.begin() + head * q.block_scales.size());
-              if (policy.read.format == StorageFormat::nvfp4) same = same && q.tensor_scale == read_tensor[head];
+              const bool same = read_copy.equals_quantized(&recur_host[head * s.head_elements()], s.dv, s.dk, head);
               ++read_checks;
               read_mismatch += !same;
             }
@@ -674,12 +585,8 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
       if (policy.recur.format == StorageFormat::fp32) {
         const auto recur_bytes = recur_buf.payload.download();
         const float* gs = reinterpret_cast<const float*>(recur_bytes.data());
-        std::vector<uint8_t> read_payload, read_codes;
-        std::vector<float> read_scales, read_tensor;
-        if (split) {
-          read_payload = read_buf->payload.download(), read_codes = read_buf->scale_codes.download();
-          read_scales = read_buf->block_scales.download(), read_tensor = read_buf->tensor_scales.download();
-        }
+        std::unique_ptr<ReadCopyHost> read_copy;
+        if (split) read_copy = std::make_unique<ReadCopyHost>(*read_buf);
         for (int b = 0; b < s.batch; ++b)
           for (int g = 0; g < s.key_heads; ++g)
             for (int j = 0; j < s.heads_per_group(); ++j) {
@@ -690,15 +597,7 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
               std::vector<float> gpu_head(gs + head * s.head_elements(), gs + (head + 1) * s.head_elements());
               states.add(gpu_head, 0, std::vector<float>(S.data(), S.data() + S.size()));
               if (!split || dec.flushes() == 0) continue;
-              const auto q = formats::quantize_matrix(gpu_head.data(), s.dv, s.dk, policy.read.format, formats::Rounding::rtn);
-              bool same = std::equal(q.payload.begin(), q.payload.end(), read_payload.begin() + head * q.payload.size());
-              if (!q.block_scale_codes.empty())
-                same = same && std::equal(q.block_scale_codes.begin(), q.block_scale_codes.end(),
-                                          read_codes.begin() + head * q.block_scale_codes.size());
-              if (!q.block_scales.empty())
-                same = same && std::equal(q.block_scales.begin(), q.block_scales.end(),
-                                          read_scales.begin() + head * q.block_scales.size());
-              if (policy.read.format == StorageFormat::nvfp4) same = same && q.tensor_scale == read_tensor[head];
+              const bool same = read_copy->equals_quantized(gpu_head.data(), s.dv, s.dk, head);
               ++read_checks;
               read_mismatch += !same;
             }

@@ -27,6 +27,7 @@
 
 #include "cuda_check.h"
 #include "gpu_test_util.h"
+#include "decode_test_util.h"
 #include "ssm/decode_kernels.h"
 #include "ssm/replay_decode.h"
 #include "test_util.h"
@@ -37,27 +38,17 @@ using formats::StorageFormat;
 
 namespace {
 
+using test::check_with_flips;
+using test::Collected;
+using test::DeviceArray;
+using test::ReadCopyHost;
+using test::RecordBuffers;  // built with decay width dk: the KDA records' alpha
+using test::StateBuffers;
+
 const test::GpuGuard gpu_guard("KDA decode kernel tests");
 
 constexpr ssm::Recurrence kKda = ssm::Recurrence::kda;
 
-template <class T>
-struct DeviceArray {
-  T* ptr = nullptr;
-  std::size_t n = 0;
-  explicit DeviceArray(std::size_t count) : n(count) {
-    REPLAYSSM_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(1, count) * sizeof(T)));
-    REPLAYSSM_CUDA_CHECK(cudaMemset(ptr, 0, std::max<std::size_t>(1, count) * sizeof(T)));
-  }
-  ~DeviceArray() { cudaFree(ptr); }
-  DeviceArray(const DeviceArray&) = delete;
-  void upload(const std::vector<T>& h) { REPLAYSSM_CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    REPLAYSSM_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 enum class Decays { slow, fast, mixed };
 const char* to_string(Decays d) { return d == Decays::slow ? "slow" : d == Decays::fast ? "fast" : "mixed"; }
@@ -129,67 +120,6 @@ ssm::GroupToken group_token(const HostStep& h, const DecodeShape& s, int b, int 
   }
   return t;
 }
-
-// Every GPU value of a case and its CPU reference, compared at the end relative to the case's RMS:
-// |gpu - cpu| <= tol (rms|cpu| + |cpu|). A NaN (an unwritten, poisoned output) never matches.
-struct Collected {
-  std::vector<double> gpu, cpu;
-  void add(const std::vector<float>& g, std::size_t offset, const std::vector<float>& ref) {
-    gpu.insert(gpu.end(), g.begin() + static_cast<std::ptrdiff_t>(offset),
-               g.begin() + static_cast<std::ptrdiff_t>(offset + ref.size()));
-    cpu.insert(cpu.end(), ref.begin(), ref.end());
-  }
-  test::Closeness close(double tol, const std::string& what) const {
-    return test::compare_close(gpu, cpu, {tol * test::rms(cpu.data(), cpu.size()), tol}, what);
-  }
-};
-
-// Low-precision states: a 1-ulp difference between the two sides' FP32 values can flip one stored
-// code (see test_decode_cuda.cpp): at most 0.1% of the elements may be beyond `tol`, every element
-// within one code step, 0.25 (rms + |cpu|).
-void check_with_flips(const Collected& meter, const test::Closeness& close, const std::string& what) {
-  MESSAGE(what << ": " << close.mismatches << " of " << close.count
-               << " elements beyond the FP32-path tolerance (flipped low-precision codes)");
-  INFO(close.report());
-  CHECK(close.mismatches * 1000 <= close.count);
-  CHECK_CLOSE(meter.close(0.25, what + " within one code step"));
-}
-
-struct StateBuffers {
-  DeviceArray<uint8_t> payload, scale_codes;
-  DeviceArray<float> block_scales, tensor_scales;
-  cuda::DeviceState view;
-  StateBuffers(StorageFormat f, const DecodeShape& s)
-      : payload(formats::storage_bytes(f, 1, s.head_elements()) * s.heads()),
-        scale_codes(f == StorageFormat::nvfp4 ? s.heads() * s.head_elements() / 16 : 0),
-        block_scales(f == StorageFormat::fp8b128 ? s.heads() * s.head_elements() / 128 : 0),
-        tensor_scales(f == StorageFormat::nvfp4 ? s.heads() : 0) {
-    view.format = f;
-    view.payload = payload.ptr;
-    view.scale_codes = f == StorageFormat::nvfp4 ? scale_codes.ptr : nullptr;
-    view.block_scales = f == StorageFormat::fp8b128 ? block_scales.ptr : nullptr;
-    view.tensor_scales = f == StorageFormat::nvfp4 ? tensor_scales.ptr : nullptr;
-  }
-};
-
-// The KDA ring: records.alpha holds dk decays per (slot, value head).
-struct RecordBuffers {
-  DeviceArray<__nv_bfloat16> k, v;
-  DeviceArray<float> u, alpha, beta;
-  DeviceArray<cuda::WindowState> w0, w1;
-  cuda::DeviceRecords view;
-  RecordBuffers(const DecodeShape& s, int capacity, const std::vector<cuda::WindowState>& initial)
-      : k(static_cast<std::size_t>(s.batch) * capacity * s.key_heads * s.dk),
-        v(static_cast<std::size_t>(s.batch) * capacity * s.value_heads * s.dv),
-        u(static_cast<std::size_t>(s.batch) * capacity * s.value_heads * s.dv),
-        alpha(static_cast<std::size_t>(s.batch) * capacity * s.value_heads * s.dk),
-        beta(static_cast<std::size_t>(s.batch) * capacity * s.value_heads), w0(s.batch), w1(s.batch) {
-    // Empty records are neutral: a = 1 in every channel, v = u = k = 0 (staggered windows need no history).
-    alpha.upload(std::vector<float>(alpha.n, 1.0f));
-    w0.upload(initial);
-    view = {capacity, k.ptr, v.ptr, u.ptr, alpha.ptr, beta.ptr, {w0.ptr, w1.ptr}, 0};
-  }
-};
 
 struct Case {
   const char* name;
@@ -350,7 +280,7 @@ TEST_CASE("KDA ReplaySSM decode kernels equal the CPU decoders: shared fp32 and 
         read_buf = std::make_unique<StateBuffers>(policy.read.format, s);
         config.read = read_buf->view;
       }
-      RecordBuffers rec(s, L, initial);
+      RecordBuffers rec(s, L, initial, s.dk);
       const uint64_t seed = test::kBaseSeed + 59000 + n;
       InputGen gen(seed, c.decays);
       Collected meter;
@@ -362,25 +292,12 @@ TEST_CASE("KDA ReplaySSM decode kernels equal the CPU decoders: shared fp32 and 
         if (split && policy.recur.format == StorageFormat::fp32) {
           std::vector<float> recur_host(s.heads() * s.head_elements());
           REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), recur_buf.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
-          const auto read_payload = read_buf->payload.download();
-          const auto read_codes = read_buf->scale_codes.download();
-          const auto read_scales = read_buf->block_scales.download();
-          const auto read_tensor = read_buf->tensor_scales.download();
+          const ReadCopyHost read_copy(*read_buf);
           for (int b = 0; b < s.batch; ++b) {
             if ((b % L + step + 1) % L != 0) continue;  // not flushed at this step
             for (int hd = 0; hd < s.value_heads; ++hd) {
               const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd;
-              const auto q = formats::quantize_matrix(&recur_host[head * s.head_elements()], s.dv, s.dk, policy.read.format,
-                                                      formats::Rounding::rtn);
-              const std::size_t pb = q.payload.size();
-              bool same = std::equal(q.payload.begin(), q.payload.end(), read_payload.begin() + static_cast<std::ptrdiff_t>(head * pb));
-              if (!q.block_scale_codes.empty())
-                same = same && std::equal(q.block_scale_codes.begin(), q.block_scale_codes.end(),
-                                          read_codes.begin() + static_cast<std::ptrdiff_t>(head * q.block_scale_codes.size()));
-              if (!q.block_scales.empty())
-                same = same && std::equal(q.block_scales.begin(), q.block_scales.end(),
-                                          read_scales.begin() + static_cast<std::ptrdiff_t>(head * q.block_scales.size()));
-              if (policy.read.format == StorageFormat::nvfp4) same = same && q.tensor_scale == read_tensor[head];
+              const bool same = read_copy.equals_quantized(&recur_host[head * s.head_elements()], s.dv, s.dk, head);
               ++read_checks;
               if (!same && first_bad_step < 0) first_bad_step = step;
               read_mismatch += !same;
@@ -428,7 +345,7 @@ TEST_CASE("KDA verification kernels equal CPU verify/commit (UT transform) with 
       cuda::ReplayConfig config;
       config.window = L;
       config.recur = ck.view;
-      RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
+      RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch), s.dk);
       rec.view.max_drafts = T;
       DeviceArray<int> accepted(s.batch);
       const uint64_t seed = test::kBaseSeed + 62000 + n;
@@ -496,7 +413,7 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
         read_buf = std::make_unique<StateBuffers>(policy.read.format, s);
         config.read = read_buf->view;
       }
-      RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
+      RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch), s.dk);
       rec.view.max_drafts = T;
       DeviceArray<int> accepted(s.batch);
       const uint64_t seed = test::kBaseSeed + 66000 + n;
@@ -551,12 +468,8 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
       if (policy.recur.format == StorageFormat::fp32) {
         const auto recur_bytes = recur_buf.payload.download();
         const float* gs = reinterpret_cast<const float*>(recur_bytes.data());
-        std::vector<uint8_t> read_payload, read_codes;
-        std::vector<float> read_scales, read_tensor;
-        if (split) {
-          read_payload = read_buf->payload.download(), read_codes = read_buf->scale_codes.download();
-          read_scales = read_buf->block_scales.download(), read_tensor = read_buf->tensor_scales.download();
-        }
+        std::unique_ptr<ReadCopyHost> read_copy;
+        if (split) read_copy = std::make_unique<ReadCopyHost>(*read_buf);
         for (int b = 0; b < s.batch; ++b)
           for (int g = 0; g < s.key_heads; ++g)
             for (int j = 0; j < s.heads_per_group(); ++j) {
@@ -567,15 +480,7 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
               std::vector<float> gpu_head(gs + head * s.head_elements(), gs + (head + 1) * s.head_elements());
               states.add(gpu_head, 0, std::vector<float>(S.data(), S.data() + S.size()));
               if (!split || dec.flushes() == 0) continue;
-              const auto q = formats::quantize_matrix(gpu_head.data(), s.dv, s.dk, policy.read.format, formats::Rounding::rtn);
-              bool same = std::equal(q.payload.begin(), q.payload.end(), read_payload.begin() + head * q.payload.size());
-              if (!q.block_scale_codes.empty())
-                same = same && std::equal(q.block_scale_codes.begin(), q.block_scale_codes.end(),
-                                          read_codes.begin() + head * q.block_scale_codes.size());
-              if (!q.block_scales.empty())
-                same = same && std::equal(q.block_scales.begin(), q.block_scales.end(),
-                                          read_scales.begin() + head * q.block_scales.size());
-              if (policy.read.format == StorageFormat::nvfp4) same = same && q.tensor_scale == read_tensor[head];
+              const bool same = read_copy->equals_quantized(gpu_head.data(), s.dv, s.dk, head);
               ++read_checks;
               read_mismatch += !same;
             }
@@ -623,7 +528,7 @@ TEST_CASE("KDA standard steps after verification commits (h >= L) equal the CPU 
       cuda::ReplayConfig config;
       config.window = L;
       config.recur = ck.view;
-      RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
+      RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch), s.dk);
       rec.view.max_drafts = T;
       DeviceArray<int> accepted(s.batch);
       const uint64_t seed = test::kBaseSeed + 64000 + n;
@@ -682,7 +587,7 @@ TEST_CASE("the KDA launchers refuse bad input with std::invalid_argument naming 
   config.recur = ck.view;
   HostStep h = InputGen(test::kBaseSeed + 65000, Decays::mixed).make(s, 8);
   DeviceStep d(h, s.heads() * s.dv * 8);
-  RecordBuffers rec(s, 16 + 8, std::vector<cuda::WindowState>(s.batch));
+  RecordBuffers rec(s, 16 + 8, std::vector<cuda::WindowState>(s.batch), s.dk);
   rec.view.max_drafts = 8;
   auto refusal = [](auto&& f) { return test::error_of<std::invalid_argument>(f); };
   auto expect = [](const std::string& message, const std::string& field) {
@@ -735,7 +640,7 @@ TEST_CASE("the KDA launchers refuse bad input with std::invalid_argument naming 
     cuda::ReplayConfig split = config;
     split.recur = ck64.view;
     split.read = lp.view;
-    RecordBuffers rec64(small_dk, 16, std::vector<cuda::WindowState>(small_dk.batch));
+    RecordBuffers rec64(small_dk, 16, std::vector<cuda::WindowState>(small_dk.batch), small_dk.dk);
     HostStep h64 = InputGen(test::kBaseSeed + 65001, Decays::mixed).make(small_dk, 1);
     DeviceStep d64(h64, small_dk.heads() * small_dk.dv);
     expect(refusal([&] { cuda::replay_step(kKda, small_dk, d64.inputs(), split, rec64.view, nullptr); }), "dk");

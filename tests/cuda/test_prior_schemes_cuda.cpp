@@ -23,6 +23,7 @@
 
 #include "cuda_check.h"
 #include "gpu_test_util.h"
+#include "decode_test_util.h"
 #include "ssm/analytic_model.h"
 #include "ssm/conventional_decode.h"
 #include "ssm/prior_schemes.h"
@@ -34,25 +35,10 @@ using cuda::PriorScheme;
 
 namespace {
 
+using test::DeviceArray;
+
 const test::GpuGuard gpu_guard("prior speculative scheme kernel tests");
 
-template <class T>
-struct DeviceArray {
-  T* ptr = nullptr;
-  std::size_t n = 0;
-  explicit DeviceArray(std::size_t count) : n(count) {
-    REPLAYSSM_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(1, count) * sizeof(T)));
-    REPLAYSSM_CUDA_CHECK(cudaMemset(ptr, 0, std::max<std::size_t>(1, count) * sizeof(T)));
-  }
-  ~DeviceArray() { cudaFree(ptr); }
-  DeviceArray(const DeviceArray&) = delete;
-  void upload(const std::vector<T>& h) { REPLAYSSM_CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    REPLAYSSM_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 // T draft tokens for the batch; host floats are exactly the bf16 values the GPU reads.
 struct HostDrafts {
