@@ -1,9 +1,11 @@
 // replayssm bench: times the CUDA decode kernels (see cuda/bench/decode_bench.h).
 #include <stdexcept>
+#include <string>
 
 #include "cli/commands.h"
 #if REPLAYSSM_WITH_CUDA
 #include "bench/decode_bench.h"
+#include "ssm/model_shapes.h"
 #endif
 
 namespace replayssm::cli {
@@ -38,6 +40,12 @@ void register_bench(CLI::App& app) {
       if (shapes->count() == 0) o->shapes = {"nemotron-3-super"};
       if (batches->count() == 0) o->batches = {256};
       if (drafts->count() == 0) o->drafts = {2, 4, 8};
+      // Refused before any GPU work: the prior schemes and the snapshot baseline have scalar decays only.
+      for (const std::string& name : o->shapes)
+        if (ssm::find_shape(name).kind == ssm::Recurrence::kda)
+          throw std::invalid_argument("bench --schemes: shape '" + name +
+                                      "' has KDA (channel-wise) decays; the prior schemes and the snapshot baseline "
+                                      "are written for Mamba-2 and GDN shapes");
     }
     cuda::run_decode_bench(*o);
   });

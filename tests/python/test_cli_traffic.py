@@ -50,3 +50,12 @@ def test_numbers_beyond_an_integer_are_printed_in_scientific_notation():
     assert r.returncode == 0, r.stderr
     line = next(l for l in r.stdout.splitlines() if "crossover context:" in l)
     assert "e+30" in line and "-0 tokens" not in line, line
+
+
+def test_bench_schemes_refuses_a_kda_shape():
+    """`bench --schemes` on a KDA shape is refused by name before any GPU work (CUDA builds); a build
+    without CUDA refuses every bench run."""
+    run = subprocess.run([replayssm_binary(), "bench", "--schemes", "--shapes", "kimi-linear-48b-a3b"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2
+    assert ("'kimi-linear-48b-a3b' has KDA" in run.stderr) or ("no CUDA kernels" in run.stderr), run.stderr
