@@ -11,6 +11,7 @@
 
 #include "cuda_check.h"
 #include "formats/philox.h"
+#include "ssm/sr_stream.h"
 #include "ssm/decode_kernels.h"
 #include "ssm/state_tiles.cuh"
 
@@ -36,12 +37,13 @@ __device__ __forceinline__ Geometry geometry(const DecodeShape& s) {
   return q;
 }
 
-// Same stream numbering as ssm::sr_stream (src/ssm/state_quantizer.h), with the sequence index
-// in the layer field: GPU checkpoints are bit-identical to the CPU decoders'.
+// The CPU decoders' stream numbering (ssm::sr_stream, built by the shared ssm::pack_sr_stream of
+// src/ssm/sr_stream.h), with the sequence index in the layer field: GPU checkpoints are bit-identical
+// to the CPU decoders'.
 __device__ __forceinline__ uint64_t sr_stream_device(int sequence, int key_head, int value_head, int copy,
                                                      uint64_t event) {
-  return (static_cast<uint64_t>(sequence) << 48) | (static_cast<uint64_t>(key_head) << 36) |
-         (static_cast<uint64_t>(value_head) << 28) | (static_cast<uint64_t>(copy) << 27) | event;
+  return ssm::pack_sr_stream(static_cast<uint32_t>(sequence), static_cast<uint32_t>(key_head),
+                             static_cast<uint32_t>(value_head), static_cast<uint32_t>(copy), event);
 }
 
 // Lane's slice of a bf16 vector of length DK (the key/query of the key head), as floats.

@@ -101,6 +101,31 @@ __device__ __forceinline__ void store4_recur(const HeadView& h, StorageFormat f,
   }
 }
 
+// S q_s and S k_{h+s} (kDelta) of one row x for the TD drafts, into s_rows[s][row] / s_rows[TD + s][row].
+template <int DK, int TD, bool kDelta>
+__device__ __forceinline__ void row_products(const float (&x)[Tile<StorageFormat::fp32, DK>::P][4], const float* s_q,
+                                             const float* s_draft_keys, float* s_rows, int rows_total, int row, bool valid,
+                                             int lane) {
+  using Geo = Tile<StorageFormat::fp32, DK>;
+  constexpr int P = Geo::P, LPR = Geo::LPR;
+#pragma unroll
+  for (int s = 0; s < TD; ++s) {
+    float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int c = Geo::col(lane, p);
+      sq = dot_acc<4>(x[p], s_q + s * DK + c, sq);
+      if (kDelta) sk = dot_acc<4>(x[p], s_draft_keys + s * DK + c, sk);
+    }
+    sq = row_sum<LPR>(sq);
+    if (kDelta) sk = row_sum<LPR>(sk);
+    if (valid && lane % LPR == 0) {
+      s_rows[s * rows_total + row] = sq;
+      if (kDelta) s_rows[(TD + s) * rows_total + row] = sk;
+    }
+  }
+}
+
 template <ssm::Recurrence K, int DK, int TD>
 __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs A) {
   using Geo = Tile<StorageFormat::fp32, DK>;
@@ -245,7 +270,34 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
   const DeviceState read_state = flush || !A.split ? A.recur : A.read;
   const bool lp_nvfp4 = A.split && A.read.format == StorageFormat::nvfp4;
   const int iterations = (rows_total + kWarps * RW - 1) / (kWarps * RW);
-  for (int it = 0; it < iterations; ++it) {
+  if (!fold) {
+    // No fold: only the products. kBatch row iterations' loads are issued before the first is used:
+    // with one row per warp in flight the LP read was latency-bound (H200, 2026-12-03: 3.5-4.3% of
+    // copy bandwidth). (Batching the folding path too spilled and ran slower: e548206.)
+    constexpr int kBatch = 4;
+    for (int it0 = 0; it0 < iterations; it0 += kBatch) {
+      float xb[kBatch][P][E];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int row = ((it0 + j) * kWarps + warp) * RW + Geo::row_in_iteration(lane);
+        const bool valid = it0 + j < iterations && row < rows_total;
+        const int nn = valid ? row / dv : 0, r = valid ? row % dv : 0;
+        const HeadView view = head_view(read_state, hb0 + nn, dv, DK);
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          if (valid) load4_any<DK>(view, read_state.format, r, Geo::col(lane, p), xb[j][p]);
+          else for (int e = 0; e < E; ++e) xb[j][p][e] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int row = ((it0 + j) * kWarps + warp) * RW + Geo::row_in_iteration(lane);
+        row_products<DK, TD, kDelta>(xb[j], s_q, s_keys + h * DK, s_rows, rows_total, row,
+                                     it0 + j < iterations && row < rows_total, lane);
+      }
+    }
+  }
+  for (int it = 0; fold && it < iterations; ++it) {
     const int row = (it * kWarps + warp) * RW + Geo::row_in_iteration(lane);
     const bool valid = row < rows_total;
     const int nn = valid ? row / dv : 0, r = valid ? row % dv : 0;
@@ -256,23 +308,7 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
       if (valid) load4_any<DK>(view, read_state.format, r, Geo::col(lane, p), x[p]);
       else for (int e = 0; e < E; ++e) x[p][e] = 0.0f;
     }
-#pragma unroll
-    for (int s = 0; s < TD; ++s) {
-      float sq = 0.0f, sk = 0.0f;
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const int c = Geo::col(lane, p);
-        sq = dot_acc<E>(x[p], s_q + s * DK + c, sq);
-        if (kDelta) sk = dot_acc<E>(x[p], s_keys + (h + s) * DK + c, sk);
-      }
-      sq = row_sum<LPR>(sq);
-      if (kDelta) sk = row_sum<LPR>(sk);
-      if (valid && lane % LPR == 0) {
-        s_rows[s * rows_total + row] = sq;
-        if (kDelta) s_rows[(TD + s) * rows_total + row] = sk;
-      }
-    }
-    if (!fold) continue;
+    row_products<DK, TD, kDelta>(x, s_q, s_keys + h * DK, s_rows, rows_total, row, valid, lane);
     // S <- REPLAY(S_ckpt, B[1:h]), one record at a time as the conventional step folds it.
     const float* vn = s_vals + static_cast<std::size_t>(nn) * NP * dv;
     for (int j = 0; j < h; ++j) {
