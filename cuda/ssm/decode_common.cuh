@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "cuda_check.h"
@@ -100,6 +101,49 @@ __device__ __forceinline__ void store_piece(const HeadView& h, int row, int col,
       c[e] = static_cast<uint16_t>(formats::encode_element(ef, x[e], mode, formats::sr_random_word(seed, stream, i + e)));
     *reinterpret_cast<uint2*>(h.payload + 2 * i) = make_uint2(c[0] | (uint32_t(c[1]) << 16), c[2] | (uint32_t(c[3]) << 16));
   }
+}
+
+// Error feedback (+ef) around a write of 4 elements in fp16/bf16 (ssm::quantize_state with a
+// residual): y = x + E, store Q_rtn(y), E <- y - Q_rtn(y). `residual` is the head's dv x dk residual.
+// __fadd_rn/__fsub_rn keep the compiler from contracting them with anything (the CPU rounds each).
+template <StorageFormat F, int DK>
+__device__ __forceinline__ void store_piece_ef(const HeadView& h, int row, int col, const float* x, float* residual) {
+  static_assert(F == StorageFormat::fp16 || F == StorageFormat::bf16, "ef on an element format (fp32 stores exactly)");
+  const std::size_t i = static_cast<std::size_t>(row) * DK + col;
+  float4* e = reinterpret_cast<float4*>(residual + i);
+  const float4 old = *e;
+  const float y[4] = {__fadd_rn(x[0], old.x), __fadd_rn(x[1], old.y), __fadd_rn(x[2], old.z), __fadd_rn(x[3], old.w)};
+  float q[4];
+  uint2 packed;
+  if constexpr (F == StorageFormat::fp16) {
+    const __half2 a = __floats2half2_rn(y[0], y[1]), b = __floats2half2_rn(y[2], y[3]);
+    const float2 fa = __half22float2(a), fb = __half22float2(b);
+    q[0] = fa.x, q[1] = fa.y, q[2] = fb.x, q[3] = fb.y;
+    packed = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+  } else {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(y[0], y[1]), b = __floats2bfloat162_rn(y[2], y[3]);
+    const float2 fa = __bfloat1622float2(a), fb = __bfloat1622float2(b);
+    q[0] = fa.x, q[1] = fa.y, q[2] = fb.x, q[3] = fb.y;
+    packed = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+  }
+  *reinterpret_cast<uint2*>(h.payload + 2 * i) = packed;
+  *e = make_float4(__fsub_rn(y[0], q[0]), __fsub_rn(y[1], q[1]), __fsub_rn(y[2], q[2]), __fsub_rn(y[3], q[3]));
+}
+
+// The 4 residual elements at (row, col) of a head's residual (error feedback), or zeros without one.
+template <int DK>
+__device__ __forceinline__ void load_residual4(const float* residual, int row, int col, float* e) {
+  if (residual == nullptr) {
+    e[0] = e[1] = e[2] = e[3] = 0.0f;
+    return;
+  }
+  const float4 v = *reinterpret_cast<const float4*>(residual + static_cast<std::size_t>(row) * DK + col);
+  e[0] = v.x, e[1] = v.y, e[2] = v.z, e[3] = v.w;
+}
+
+// A head's residual of one copy (nullptr when the copy does not round with ef).
+__device__ __forceinline__ float* head_residual(const DeviceState& s, std::size_t head, int dv, int dk) {
+  return s.residual ? s.residual + head * static_cast<std::size_t>(dv) * dk : nullptr;
 }
 
 // Load a piece of 4 elements in fp32/fp16/bf16 (the formats that carry a recurrence).
@@ -304,25 +348,37 @@ __device__ __forceinline__ void key_products(int count, KeyAt&& key, const float
 
 // Quantize row `row` of the LP copy with RTN (values x over the lane's fp32-geometry pieces).
 // fp8b128 blocks are row chunks of 128 = 32 lanes x 4; nvfp4 blocks 16 = 4 lanes x 4 and need the
-// tensor scale computed beforehand (`tensor`).
+// tensor scale computed beforehand (`tensor`; with error feedback, from the amax of x + E).
+// `residual` (the head's, or nullptr): error feedback, y = x + E is quantized and E <- y - Q(y),
+// Q(y) decoded exactly as ssm::quantize_state decodes it.
 template <int DK, int P, int LPR>
 __device__ __forceinline__ void store_read_row(const HeadView& h, StorageFormat f, int row, int lane, const float (*x)[4],
-                                             bool valid, const formats::Nvfp4TensorScale& tensor) {
+                                             bool valid, const formats::Nvfp4TensorScale& tensor, float* residual = nullptr) {
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     const int col = ((lane % LPR) + p * LPR) * 4;
     const std::size_t i = static_cast<std::size_t>(row) * DK + col;
+    float y[4];
+    if (residual != nullptr && valid) {
+      load_residual4<DK>(residual, row, col, y);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) y[e] = __fadd_rn(x[p][e], y[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) y[e] = x[p][e];
+    }
+    float q[4];  // Q(y), decoded (error feedback)
     if (f == StorageFormat::fp16 || f == StorageFormat::bf16) {
       if (!valid) continue;
       const formats::ElementFormat ef = f == StorageFormat::fp16 ? formats::ElementFormat::fp16 : formats::ElementFormat::bf16;
       uint32_t c[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) c[e] = formats::encode_element(ef, x[p][e]);
+      for (int e = 0; e < 4; ++e) c[e] = formats::encode_element(ef, y[e]), q[e] = formats::decode_element(ef, c[e]);
       *reinterpret_cast<uint2*>(h.payload + 2 * i) = make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
     } else if (f == StorageFormat::fp8b128) {
       formats::BlockAmax amax;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) formats::accumulate_amax(amax, valid ? x[p][e] : 0.0f);
+      for (int e = 0; e < 4; ++e) formats::accumulate_amax(amax, valid ? y[e] : 0.0f);
       amax.amax = row_max<32>(amax.amax);  // a 128-block is a full warp's piece p (LPR == 32)
       amax.has_nonfinite = __any_sync(kFullMask, amax.has_nonfinite);
       const float s = formats::fp8b128_block_scale(amax);
@@ -332,30 +388,42 @@ __device__ __forceinline__ void store_read_row(const HeadView& h, StorageFormat 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const uint32_t c = amax.has_nonfinite ? formats::kE4m3NanCode
-                                              : formats::encode_element(formats::ElementFormat::e4m3, x[p][e] * inv);
+                                              : formats::encode_element(formats::ElementFormat::e4m3, y[e] * inv);
         packed |= c << (8 * e);
+        q[e] = amax.has_nonfinite ? __int_as_float(0x7FC00000) : formats::fp8b128_decode_element(c, s);
       }
       *reinterpret_cast<uint32_t*>(h.payload + i) = packed;
       if (lane % 32 == 0) h.block_scales[i / formats::kFp8BlockSize] = s;
     } else if (f == StorageFormat::nvfp4) {
       formats::BlockAmax amax;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) formats::accumulate_amax(amax, valid ? x[p][e] : 0.0f);
+      for (int e = 0; e < 4; ++e) formats::accumulate_amax(amax, valid ? y[e] : 0.0f);
       amax.amax = row_max<4>(amax.amax);
       const unsigned group_mask = 0xFu << (lane & ~3);
       amax.has_nonfinite = (__ballot_sync(kFullMask, amax.has_nonfinite) & group_mask) != 0;
       if (!valid) continue;
       uint32_t codes = 0;
       uint32_t scale_code = formats::kE4m3NanCode;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) q[e] = __int_as_float(0x7FC00000);
       if (!amax.has_nonfinite) {
         scale_code = formats::nvfp4_block_scale_code(amax.amax, tensor);
         const float enc = formats::nvfp4_element_encode_scale(scale_code, tensor);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) codes |= formats::encode_element(formats::ElementFormat::e2m1, x[p][e] * enc) << (4 * e);
+        for (int e = 0; e < 4; ++e) {
+          const uint32_t c = formats::encode_element(formats::ElementFormat::e2m1, y[e] * enc);
+          codes |= c << (4 * e);
+          q[e] = formats::nvfp4_decode_element(c, scale_code, tensor.decode);
+        }
       }
       *reinterpret_cast<uint16_t*>(h.payload + i / 2) = static_cast<uint16_t>(codes);
       if (lane % 4 == 0) h.scale_codes[i / formats::kNvfp4BlockSize] = static_cast<uint8_t>(scale_code);
+    } else {
+      continue;
     }
+    if (residual != nullptr)
+      *reinterpret_cast<float4*>(residual + i) =
+          make_float4(__fsub_rn(y[0], q[0]), __fsub_rn(y[1], q[1]), __fsub_rn(y[2], q[2]), __fsub_rn(y[3], q[3]));
   }
 }
 
@@ -377,6 +445,17 @@ __device__ __forceinline__ float block_max(float x, float* scratch) {
 // (decode_verify_split.cu); verify_step checks the ring and window first.
 void launch_split_verify(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in,
                          const ReplayConfig& config, const DeviceRecords& records, int max_committed, cudaStream_t stream);
+
+// Host side: a copy rounds with error feedback exactly when it has a residual buffer; `formats`
+// lists what the kernel implements ef for. Returns the element rounding mode of its other writes.
+inline formats::RoundingMode checked_rounding(const DeviceState& s, formats::Rounding r, const char* copy) {
+  if ((r == formats::Rounding::ef) != (s.residual != nullptr))
+    throw std::invalid_argument(std::string("decode kernels: the ") + copy +
+                                " copy's residual buffer must be set exactly when it rounds with error feedback (ef)");
+  if (r == formats::Rounding::ef && s.format == StorageFormat::fp32)
+    throw std::invalid_argument(std::string("decode kernels: the ") + copy + " copy is fp32, which stores exactly: no ef");
+  return r == formats::Rounding::ef ? formats::RoundingMode::nearest_even : formats::element_rounding_mode(r);
+}
 
 inline void check_shape(const DecodeShape& s) {
   const bool dk_ok = s.dk == 64 || s.dk == 128 || s.dk == 256;

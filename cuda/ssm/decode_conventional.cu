@@ -13,7 +13,8 @@ namespace {
 // ================================ conventional decode =========================================
 // Read S, update (Mamba-2: S = a S + v k^T; GDN: u = b (v - a S k), S = a S + u k^T), o = S q,
 // write S. Rows are independent, so the whole step is row-local.
-template <ssm::Recurrence K, StorageFormat F, int DK>
+// kEf: error feedback (+ef) on an fp16/bf16 state, the residual in state.residual.
+template <ssm::Recurrence K, StorageFormat F, int DK, bool kEf>
 __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shape, StepInputs in, DeviceState state) {
   using T = Tile<StorageFormat::fp32, DK>;  // 4 elements per piece whatever the storage width
   constexpr int E = T::E, P = T::P, LPR = T::LPR, RW = T::RW;
@@ -26,6 +27,7 @@ __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shap
   const float beta = K == ssm::Recurrence::gdn ? in.beta[geo.hb] : 0.0f;
   const __nv_bfloat16* v = in.v + geo.hb * geo.dv;
   const HeadView hv = head_view(state, geo.hb, geo.dv, DK);
+  float* const residual = kEf ? head_residual(state, geo.hb, geo.dv, DK) : nullptr;
   // Row iterations in batches of kBatch; the next batch's loads are issued before the current one
   // is updated and stored, so up to 2 kBatch 16-byte loads per thread are in flight.
   constexpr int kBatch = 4;
@@ -85,8 +87,10 @@ __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shap
       const int row = row_of(it0 + j);
       if (row < geo.dv)
 #pragma unroll
-        for (int p = 0; p < P; ++p)
-          store_piece<F, DK>(hv, row, T::col(lane, p), x[j][p], formats::RoundingMode::nearest_even, 0, 0);
+        for (int p = 0; p < P; ++p) {
+          if constexpr (kEf) store_piece_ef<F, DK>(hv, row, T::col(lane, p), x[j][p], residual);
+          else store_piece<F, DK>(hv, row, T::col(lane, p), x[j][p], formats::RoundingMode::nearest_even, 0, 0);
+        }
     }
     const float sum = row_sum_scatter<LPR, kBatch>(o);
     const int row = row_of(it0 + scatter_index<LPR, kBatch>(lane));
@@ -97,21 +101,26 @@ __global__ void __launch_bounds__(kThreads) conventional_kernel(DecodeShape shap
 }  // namespace
 
 void conventional_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, DeviceState state,
-                       cudaStream_t stream) {
-  if (kind == ssm::Recurrence::kda) return kda_detail::conventional_step(shape, in, state, stream);
+                       cudaStream_t stream, formats::Rounding rounding) {
+  if (kind == ssm::Recurrence::kda) return kda_detail::conventional_step(shape, in, state, stream, rounding);
   check_shape(shape);
+  if (checked_rounding(state, rounding, "conventional") == formats::RoundingMode::stochastic)
+    throw std::invalid_argument("conventional decode kernels round with RTN or ef (error feedback), not SR");
+  const bool ef = rounding == formats::Rounding::ef;
   const dim3 grid(shape.value_heads, shape.batch);
   with_kind(kind, [&](auto K) {
     with_dk(shape.dk, [&](auto DK) {
       switch (state.format) {
         case StorageFormat::fp32:
-          conventional_kernel<K(), StorageFormat::fp32, DK()><<<grid, kThreads, 0, stream>>>(shape, in, state);
+          conventional_kernel<K(), StorageFormat::fp32, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state);
           break;
         case StorageFormat::fp16:
-          conventional_kernel<K(), StorageFormat::fp16, DK()><<<grid, kThreads, 0, stream>>>(shape, in, state);
+          if (ef) conventional_kernel<K(), StorageFormat::fp16, DK(), true><<<grid, kThreads, 0, stream>>>(shape, in, state);
+          else conventional_kernel<K(), StorageFormat::fp16, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state);
           break;
         case StorageFormat::bf16:
-          conventional_kernel<K(), StorageFormat::bf16, DK()><<<grid, kThreads, 0, stream>>>(shape, in, state);
+          if (ef) conventional_kernel<K(), StorageFormat::bf16, DK(), true><<<grid, kThreads, 0, stream>>>(shape, in, state);
+          else conventional_kernel<K(), StorageFormat::bf16, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state);
           break;
         default: throw std::invalid_argument("conventional decode stores fp32, fp16 or bf16 state");
       }

@@ -72,8 +72,12 @@ __global__ void __launch_bounds__(kThreads) kda_conventional_kernel(DecodeShape 
 
 }  // namespace
 
-void kda_detail::conventional_step(const DecodeShape& shape, const StepInputs& in, DeviceState state, cudaStream_t stream) {
+void kda_detail::conventional_step(const DecodeShape& shape, const StepInputs& in, DeviceState state, cudaStream_t stream,
+                                   formats::Rounding rounding) {
   check_shape(shape);
+  if (checked_rounding(state, rounding, "conventional") != formats::RoundingMode::nearest_even ||
+      rounding == formats::Rounding::ef)
+    throw std::invalid_argument("kda conventional decode rounds with RTN only");
   check_kda_inputs(in, 0);
   if (state.payload == nullptr) throw std::invalid_argument("kda conventional decode: DeviceState::payload is required");
   const dim3 grid(shape.value_heads, shape.batch);

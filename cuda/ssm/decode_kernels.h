@@ -60,6 +60,11 @@ struct DeviceState {
   uint8_t* scale_codes = nullptr;        // nvfp4: heads x (dv*dk/16)
   float* block_scales = nullptr;         // fp8b128: heads x (dv*dk/128)
   float* tensor_scales = nullptr;        // nvfp4: heads
+  // Error feedback (+ef, not in the paper; ssm::quantize_state with a residual): the FP32 residual
+  // that this copy's last write dropped, heads x dv x dk row-major, zero-initialised by the caller.
+  // Set exactly when the copy rounds with formats::Rounding::ef; a write then stores Q_rtn(S + E)
+  // and keeps E <- (S + E) - Q_rtn(S + E), bit-identical to the CPU decoders.
+  float* residual = nullptr;
 };
 
 struct StepInputs {
@@ -114,13 +119,26 @@ struct ReplayConfig {
   DeviceState recur;                // carries the recurrence (the paper's HP checkpoint: fp32, or fp16 with SR)
   DeviceState read;                 // read by non-flush steps when split (the LP checkpoint); unset: shared
   bool split() const { return read.payload != nullptr; }
-  formats::Rounding recur_rounding = formats::Rounding::rtn;
+  formats::Rounding recur_rounding = formats::Rounding::rtn;  // rtn, sr, or ef (recur.residual set)
+  formats::Rounding read_rounding = formats::Rounding::rtn;   // split: rtn, or ef (read.residual set)
   uint64_t seed = 0;                // SR seed; streams: ssm::sr_stream with layer = sequence index
   int heads_per_block = 0;          // value heads per block (0: chosen from the shape and the GPU)
+  // Appendix F, decay-based checkpoint-read skipping (ssm::CheckpointSkip::threshold_for gives the
+  // values; 0 never skips). gamma_h is the float32 product of the window's decays a_1 ... a_h in
+  // token order, the current token's included (KDA: the largest over key channels), as the CPU
+  // decoders compute it. A non-flush step whose gamma_h < skip_threshold_read (the threshold of the
+  // copy it reads: split the read copy, shared the recur copy) does not read the checkpoint: it
+  // outputs from REPLAY(0, B[1:h]) with every GDN/KDA correction recomputed from that state. A flush
+  // whose gamma < skip_threshold_flush (the recur copy's) is a pure write of REPLAY(0, B[1:h]).
+  // Standard decode only: verify_step refuses a skipping configuration, as the CPU decoders do.
+  float skip_threshold_read = 0.0f;
+  float skip_threshold_flush = 0.0f;
+  bool skips() const { return skip_threshold_read > 0.0f || skip_threshold_flush > 0.0f; }
 };
 
+// `rounding`: rtn, or ef with state.residual set (fp16/bf16 state; fp32 stores exactly).
 void conventional_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, DeviceState state,
-                       cudaStream_t stream);
+                       cudaStream_t stream, formats::Rounding rounding = formats::Rounding::rtn);
 
 // One standard decode step for every sequence; advances each sequence's window (flips parity).
 void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
@@ -142,7 +160,8 @@ void snapshot_verify_step(ssm::Recurrence kind, const DecodeShape& shape, int dr
 
 // The KDA implementations the launchers above route `kind == kda` to (decode_kda_*.cu); same contracts.
 namespace kda_detail {
-void conventional_step(const DecodeShape& shape, const StepInputs& in, DeviceState state, cudaStream_t stream);
+void conventional_step(const DecodeShape& shape, const StepInputs& in, DeviceState state, cudaStream_t stream,
+                       formats::Rounding rounding);
 void replay_step(const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config, DeviceRecords& records,
                  cudaStream_t stream);
 void verify_step(const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,

@@ -6,6 +6,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <boost/random/mersenne_twister.hpp>
+#include <boost/random/normal_distribution.hpp>
+#include <boost/random/uniform_real_distribution.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <cstdint>
 #include <cuda_bf16.h>
 #include <string>
@@ -14,6 +20,7 @@
 #include "cuda_check.h"
 #include "formats/quantized_matrix.h"
 #include "ssm/decode_kernels.h"
+#include "ssm/decoder.h"
 #include "test_util.h"
 
 namespace replayssm::test {
@@ -68,15 +75,96 @@ void check_with_flips(const Collected& meter, const test::Closeness& close, cons
   CHECK_CLOSE(meter.close(0.25, what + " within one code step"));
 }
 
+// One step's inputs for the whole batch (T tokens for verification), host copies as floats that
+// are exactly the bf16 values the GPU reads.
+struct HostStep {
+  int tokens = 1;
+  std::vector<__nv_bfloat16> q, k, v;  // [B][T][G][dk], [B][T][H][dv]
+  std::vector<float> qf, kf, vf, alpha, beta;
+};
+
+// Decays of the generated heads: near 1 (slow), 0.3-0.8 (fast: windows of 16 decay far below the
+// low-precision skip thresholds of appendix F), or per value head alternating (mixed: a replay block
+// holds heads that skip and heads that do not).
+enum class Decays { slow, fast, mixed };
+
+struct InputGen {
+  boost::random::mt19937_64 rng;
+  Decays decays;
+  InputGen(uint64_t seed, bool slow) : rng(seed), decays(slow ? Decays::slow : Decays::fast) {}
+  InputGen(uint64_t seed, Decays d) : rng(seed), decays(d) {}
+  HostStep make(ssm::Recurrence kind, const DecodeShape& s, int tokens) {
+    boost::random::normal_distribution<float> normal(0.0f, 1.0f);
+    boost::random::uniform_real_distribution<float> unit(0.0f, 1.0f);
+    HostStep st;
+    st.tokens = tokens;
+    const std::size_t nk = static_cast<std::size_t>(s.batch) * tokens * s.key_heads * s.dk;
+    const std::size_t nv = static_cast<std::size_t>(s.batch) * tokens * s.value_heads * s.dv;
+    st.q.resize(nk), st.k.resize(nk), st.v.resize(nv), st.qf.resize(nk), st.kf.resize(nk), st.vf.resize(nv);
+    for (std::size_t base = 0; base < nk; base += s.dk) {
+      // GDN keys and queries are L2-normalised (Qwen3.5), Mamba-2 B/C are not.
+      float nq = 0, nkk = 0;
+      std::vector<float> q(s.dk), k(s.dk);
+      for (int c = 0; c < s.dk; ++c) q[c] = normal(rng), k[c] = normal(rng), nq += q[c] * q[c], nkk += k[c] * k[c];
+      for (int c = 0; c < s.dk; ++c) {
+        const float qq = kind == ssm::Recurrence::gdn ? q[c] / std::sqrt(nq) : q[c] * 0.1f;
+        const float kk = kind == ssm::Recurrence::gdn ? k[c] / std::sqrt(nkk) : k[c] * 0.1f;
+        st.q[base + c] = __float2bfloat16(qq), st.k[base + c] = __float2bfloat16(kk);
+        st.qf[base + c] = __bfloat162float(st.q[base + c]), st.kf[base + c] = __bfloat162float(st.k[base + c]);
+      }
+    }
+    for (std::size_t i = 0; i < nv; ++i) st.v[i] = __float2bfloat16(normal(rng)), st.vf[i] = __bfloat162float(st.v[i]);
+    const std::size_t nh = static_cast<std::size_t>(s.batch) * tokens * s.value_heads;
+    st.alpha.resize(nh), st.beta.resize(nh);
+    for (std::size_t i = 0; i < nh; ++i) {
+      const bool slow = decays == Decays::slow || (decays == Decays::mixed && (i % s.value_heads) % 2 == 0);
+      st.alpha[i] = slow ? 0.999f + 0.001f * unit(rng) : 0.3f + 0.5f * unit(rng);
+      st.beta[i] = 0.05f + 0.9f * unit(rng);
+    }
+    return st;
+  }
+};
+
+// Device copies of a step.
+struct DeviceStep {
+  DeviceArray<__nv_bfloat16> q, k, v;
+  DeviceArray<float> alpha, beta, out;
+  DeviceStep(const HostStep& h, std::size_t out_elems)
+      : q(h.q.size()), k(h.k.size()), v(h.v.size()), alpha(h.alpha.size()), beta(h.beta.size()), out(out_elems) {
+    q.upload(h.q), k.upload(h.k), v.upload(h.v), alpha.upload(h.alpha), beta.upload(h.beta);
+    std::vector<float> poison(out_elems, std::numeric_limits<float>::quiet_NaN());
+    out.upload(poison);
+  }
+  cuda::StepInputs inputs() { return {q.ptr, k.ptr, v.ptr, alpha.ptr, beta.ptr, out.ptr}; }
+};
+
+// Token s of sequence b, key head g, as the CPU decoder's GroupToken (pointers into h).
+ssm::GroupToken group_token(const HostStep& h, const DecodeShape& s, int b, int g, int tok) {
+  ssm::GroupToken t;
+  const std::size_t kh = (static_cast<std::size_t>(b) * h.tokens + tok) * s.key_heads + g;
+  t.q = &h.qf[kh * s.dk];
+  t.k = &h.kf[kh * s.dk];
+  for (int j = 0; j < s.heads_per_group(); ++j) {
+    const std::size_t vh = (static_cast<std::size_t>(b) * h.tokens + tok) * s.value_heads + g * s.heads_per_group() + j;
+    t.alpha.push_back(&h.alpha[vh]);
+    t.beta.push_back(h.beta[vh]);
+    t.v.push_back(&h.vf[vh * s.dv]);
+  }
+  return t;
+}
+
 struct StateBuffers {
   DeviceArray<uint8_t> payload, scale_codes;
-  DeviceArray<float> block_scales, tensor_scales;
+  DeviceArray<float> block_scales, tensor_scales, residual;
   cuda::DeviceState view;
-  StateBuffers(StorageFormat f, const DecodeShape& s)
+  // error_feedback: a zeroed residual buffer (the copy rounds with ef).
+  StateBuffers(StorageFormat f, const DecodeShape& s, bool error_feedback = false)
       : payload(formats::storage_bytes(f, 1, s.head_elements()) * s.heads()),
         scale_codes(f == StorageFormat::nvfp4 ? s.heads() * s.head_elements() / 16 : 0),
         block_scales(f == StorageFormat::fp8b128 ? s.heads() * s.head_elements() / 128 : 0),
-        tensor_scales(f == StorageFormat::nvfp4 ? s.heads() : 0) {
+        tensor_scales(f == StorageFormat::nvfp4 ? s.heads() : 0),
+        residual(error_feedback ? s.heads() * s.head_elements() : 0) {
+    view.residual = error_feedback ? residual.ptr : nullptr;
     view.format = f;
     view.payload = payload.ptr;
     view.scale_codes = f == StorageFormat::nvfp4 ? scale_codes.ptr : nullptr;
@@ -114,8 +202,24 @@ struct ReadCopyHost {
   explicit ReadCopyHost(const StateBuffers& read)
       : format(read.view.format), payload(read.payload.download()), codes(read.scale_codes.download()),
         scales(read.block_scales.download()), tensor(read.tensor_scales.download()) {}
-  bool equals_quantized(const float* hp, int dv, int dk, std::size_t head) const {
-    const auto q = formats::quantize_matrix(hp, dv, dk, format, formats::Rounding::rtn);
+  // With error feedback: `residual_before` (the head's residual before the write) is added to hp
+  // first, and `residual_after` must equal (hp + before) - Q(hp + before) bit for bit as well.
+  bool equals_quantized(const float* hp, int dv, int dk, std::size_t head, const float* residual_before = nullptr,
+                        const float* residual_after = nullptr) const {
+    const std::size_t n = static_cast<std::size_t>(dv) * dk;
+    std::vector<float> y(hp, hp + n);
+    if (residual_before)
+      for (std::size_t i = 0; i < n; ++i) y[i] += residual_before[i];
+    const auto q = formats::quantize_matrix(y.data(), dv, dk, format, formats::Rounding::rtn);
+    if (residual_after) {
+      std::vector<float> dq(n);
+      formats::dequantize_matrix(q, dq.data());
+      for (std::size_t i = 0; i < n; ++i) {
+        const float want = y[i] - dq[i];
+        if (std::memcmp(&want, &residual_after[i], sizeof(float)) != 0 && !(std::isnan(want) && std::isnan(residual_after[i])))
+          return false;
+      }
+    }
     auto at = [&](const auto& v, std::size_t per_head) { return v.begin() + static_cast<std::ptrdiff_t>(head * per_head); };
     bool same = std::equal(q.payload.begin(), q.payload.end(), at(payload, q.payload.size()));
     if (!q.block_scale_codes.empty())

@@ -37,79 +37,12 @@ using test::DeviceArray;
 using test::ReadCopyHost;
 using test::RecordBuffers;
 using test::StateBuffers;
+using test::DeviceStep;
+using test::HostStep;
+using test::InputGen;
+using test::group_token;
 
 const test::GpuGuard gpu_guard("decode kernel tests");
-
-// One step's inputs for the whole batch (T tokens for verification), host copies as floats that
-// are exactly the bf16 values the GPU reads.
-struct HostStep {
-  int tokens = 1;
-  std::vector<__nv_bfloat16> q, k, v;  // [B][T][G][dk], [B][T][H][dv]
-  std::vector<float> qf, kf, vf, alpha, beta;
-};
-
-struct InputGen {
-  boost::random::mt19937_64 rng;
-  bool slow_decay;
-  explicit InputGen(uint64_t seed, bool slow) : rng(seed), slow_decay(slow) {}
-  HostStep make(ssm::Recurrence kind, const DecodeShape& s, int tokens) {
-    boost::random::normal_distribution<float> normal(0.0f, 1.0f);
-    boost::random::uniform_real_distribution<float> unit(0.0f, 1.0f);
-    HostStep st;
-    st.tokens = tokens;
-    const std::size_t nk = static_cast<std::size_t>(s.batch) * tokens * s.key_heads * s.dk;
-    const std::size_t nv = static_cast<std::size_t>(s.batch) * tokens * s.value_heads * s.dv;
-    st.q.resize(nk), st.k.resize(nk), st.v.resize(nv), st.qf.resize(nk), st.kf.resize(nk), st.vf.resize(nv);
-    for (std::size_t base = 0; base < nk; base += s.dk) {
-      // GDN keys and queries are L2-normalised (Qwen3.5), Mamba-2 B/C are not.
-      float nq = 0, nkk = 0;
-      std::vector<float> q(s.dk), k(s.dk);
-      for (int c = 0; c < s.dk; ++c) q[c] = normal(rng), k[c] = normal(rng), nq += q[c] * q[c], nkk += k[c] * k[c];
-      for (int c = 0; c < s.dk; ++c) {
-        const float qq = kind == ssm::Recurrence::gdn ? q[c] / std::sqrt(nq) : q[c] * 0.1f;
-        const float kk = kind == ssm::Recurrence::gdn ? k[c] / std::sqrt(nkk) : k[c] * 0.1f;
-        st.q[base + c] = __float2bfloat16(qq), st.k[base + c] = __float2bfloat16(kk);
-        st.qf[base + c] = __bfloat162float(st.q[base + c]), st.kf[base + c] = __bfloat162float(st.k[base + c]);
-      }
-    }
-    for (std::size_t i = 0; i < nv; ++i) st.v[i] = __float2bfloat16(normal(rng)), st.vf[i] = __bfloat162float(st.v[i]);
-    const std::size_t nh = static_cast<std::size_t>(s.batch) * tokens * s.value_heads;
-    st.alpha.resize(nh), st.beta.resize(nh);
-    for (std::size_t i = 0; i < nh; ++i) {
-      st.alpha[i] = slow_decay ? 0.999f + 0.001f * unit(rng) : 0.3f + 0.5f * unit(rng);
-      st.beta[i] = 0.05f + 0.9f * unit(rng);
-    }
-    return st;
-  }
-};
-
-// Device copies of a step.
-struct DeviceStep {
-  DeviceArray<__nv_bfloat16> q, k, v;
-  DeviceArray<float> alpha, beta, out;
-  DeviceStep(const HostStep& h, std::size_t out_elems)
-      : q(h.q.size()), k(h.k.size()), v(h.v.size()), alpha(h.alpha.size()), beta(h.beta.size()), out(out_elems) {
-    q.upload(h.q), k.upload(h.k), v.upload(h.v), alpha.upload(h.alpha), beta.upload(h.beta);
-    std::vector<float> poison(out_elems, std::numeric_limits<float>::quiet_NaN());
-    out.upload(poison);
-  }
-  cuda::StepInputs inputs() { return {q.ptr, k.ptr, v.ptr, alpha.ptr, beta.ptr, out.ptr}; }
-};
-
-// Token s of sequence b, key head g, as the CPU decoder's GroupToken (pointers into h).
-ssm::GroupToken group_token(const HostStep& h, const DecodeShape& s, int b, int g, int tok) {
-  ssm::GroupToken t;
-  const std::size_t kh = (static_cast<std::size_t>(b) * h.tokens + tok) * s.key_heads + g;
-  t.q = &h.qf[kh * s.dk];
-  t.k = &h.kf[kh * s.dk];
-  for (int j = 0; j < s.heads_per_group(); ++j) {
-    const std::size_t vh = (static_cast<std::size_t>(b) * h.tokens + tok) * s.value_heads + g * s.heads_per_group() + j;
-    t.alpha.push_back(&h.alpha[vh]);
-    t.beta.push_back(h.beta[vh]);
-    t.v.push_back(&h.vf[vh * s.dv]);
-  }
-  return t;
-}
 
 struct Case {
   ssm::Recurrence kind;
