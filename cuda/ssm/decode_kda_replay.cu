@@ -355,8 +355,9 @@ void kda_detail::replay_step(const DecodeShape& shape, const StepInputs& in, con
   // recur checkpoint it just wrote, which holds S itself only when the recur copy is fp32.
   if (config.split() && read == StorageFormat::nvfp4 && config.recur.format != StorageFormat::fp32)
     throw std::invalid_argument("kda replay decode: an NVFP4 read checkpoint needs an fp32 recurrence checkpoint");
-  const ReplayArgs A{shape,       in,      config.window, config.recur, config.read, config.split(),
-                     formats::element_rounding_mode(config.recur_rounding), config.seed, records, 1, stage};
+  const ReplayArgs A = make_replay_args(shape, in, config, records, 1, stage);
+  if (A.recur_ef || A.read.residual != nullptr || config.skips())
+    throw std::invalid_argument("kda replay decode: error feedback and checkpoint-read skipping are not implemented yet");
   const dim3 grid(shape.value_heads, shape.batch);
   const std::size_t nonflush_smem = sizeof(float) * nonflush_shared_floats(config.window, shape.dk, shape.dv);
   const std::size_t flush_smem = sizeof(float) * flush_shared_floats(stage, shape.dk, shape.dv, config.split());

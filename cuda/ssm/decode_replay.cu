@@ -32,8 +32,7 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   if (config.split() && read == StorageFormat::nvfp4 && config.recur.format != StorageFormat::fp32)
     throw std::invalid_argument("an NVFP4 read checkpoint needs an fp32 recurrence checkpoint in the kernels");
   const int NH = heads_per_block(shape, config.heads_per_block);
-  ReplayArgs A{shape, in, config.window, config.recur, config.read, config.split(),
-               formats::element_rounding_mode(config.recur_rounding), config.seed, records, NH, stage};
+  const ReplayArgs A = make_replay_args(shape, in, config, records, NH, stage);
   const dim3 grid(shape.value_heads / NH, shape.batch);
   launch_replay_nonflush(kind, read, A, grid, stream);
   launch_replay_flush(kind, config.recur.format, A, grid, stream);

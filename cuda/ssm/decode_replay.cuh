@@ -24,7 +24,37 @@ struct ReplayArgs {
   DeviceRecords rec;
   int heads_per_block;  // NH
   int stage;            // positions a flush may stage: L, or max(L, T) + 1 when the ring serves verification
+  // Error feedback (+ef): the recur copy's writes add recur.residual (fp16 recur copy); the read
+  // copy's do when read.residual is set. recur_mode is then nearest_even.
+  bool recur_ef = false;
+  // Appendix F (ReplayConfig::skip_threshold_read / _flush; 0: never skip).
+  float skip_read = 0.0f, skip_flush = 0.0f;
 };
+
+// Builds the kernels' arguments from a ReplayConfig after the host-side checks every replay and
+// verification launcher shares: ef exactly on copies with a residual, and the recur copy's rounding.
+inline ReplayArgs make_replay_args(const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
+                                   const DeviceRecords& records, int heads_per_block, int stage) {
+  const formats::RoundingMode recur_mode = checked_rounding(config.recur, config.recur_rounding, "recur");
+  if (config.split()) {
+    checked_rounding(config.read, config.read_rounding, "read");
+    if (config.read_rounding == formats::Rounding::sr)
+      throw std::invalid_argument("decode kernels: the read (LP) copy rounds with RTN or ef, not SR");
+  } else if (config.read.residual != nullptr) {
+    throw std::invalid_argument("decode kernels: a read-copy residual without a read copy");
+  }
+  if (config.skip_threshold_read < 0.0f || config.skip_threshold_read >= 1.0f || config.skip_threshold_flush < 0.0f ||
+      config.skip_threshold_flush >= 1.0f)
+    throw std::invalid_argument("decode kernels: skip thresholds are in [0, 1) (0: never skip); got read " +
+                                std::to_string(config.skip_threshold_read) + ", flush " +
+                                std::to_string(config.skip_threshold_flush));
+  ReplayArgs A{shape, in, config.window, config.recur, config.read, config.split(), recur_mode, config.seed, records,
+               heads_per_block, stage};
+  A.recur_ef = config.recur_rounding == formats::Rounding::ef;
+  A.skip_read = config.skip_threshold_read;
+  A.skip_flush = config.skip_threshold_flush;
+  return A;
+}
 
 // Dynamic shared memory of a replay block. Non-flush blocks stage the NH heads' record vectors;
 // flush blocks also stage the window's keys (fp32), shared by the NH heads. Per-position arrays

@@ -294,6 +294,10 @@ __global__ void commit_kernel(int batch, const int* accepted, DeviceRecords rec)
 
 void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream) {
+  // Appendix F skipping is defined for standard decode (the CPU decoders refuse it with max_draft > 1).
+  if (config.skips())
+    throw std::invalid_argument("verification with checkpoint-read skipping (appendix F) is not defined: the CPU decoders "
+                                "implement skipping for standard decode only (ReplayConfig skip thresholds must be 0)");
   const bool low_precision = config.split() || config.recur.format != StorageFormat::fp32;
   if (kind == ssm::Recurrence::kda) {
     if (!low_precision) return kda_detail::verify_step(shape, drafts, in, config, records, stream);
