@@ -134,6 +134,7 @@ struct Workspace {
   std::unique_ptr<Buffer<uint8_t>> lowp_payload;  // low-precision states (largest format: fp16)
   std::unique_ptr<Buffer<uint8_t>> lowp_codes;
   std::unique_ptr<Buffer<float>> lowp_scales, lowp_tensor;
+  std::unique_ptr<Buffer<float>> residual;        // error feedback (+ef): one copy's fp32 residual
   std::unique_ptr<Buffer<__nv_bfloat16>> q, k, v, rec_k, rec_v;
   std::unique_ptr<Buffer<float>> alpha, beta, out, rec_u, rec_a, rec_b;
   std::unique_ptr<Buffer<WindowState>> win0, win1;
@@ -150,6 +151,7 @@ struct Workspace {
     lowp_codes = std::make_unique<Buffer<uint8_t>>(state_elems / 16 * copies);
     lowp_scales = std::make_unique<Buffer<float>>(state_elems / 128 * copies);
     lowp_tensor = std::make_unique<Buffer<float>>(s.heads() * copies);
+    residual = std::make_unique<Buffer<float>>(state_elems);
     randomize_states();
     const std::size_t T = max_drafts;
     q = std::make_unique<Buffer<__nv_bfloat16>>(s.batch * T * s.key_heads * s.dk);
@@ -192,6 +194,7 @@ struct Workspace {
     REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_codes->ptr, 0x30, lowp_codes->n));
     fill_uniform(lowp_scales->ptr, lowp_scales->n, 1e-3f, 2e-3f, 2);
     fill_uniform(lowp_tensor->ptr, lowp_tensor->n, 1e-3f, 2e-3f, 3);
+    fill_uniform(residual->ptr, residual->n, -1e-4f, 1e-4f, 5);
   }
   // The validation's start: every state zero (the CPU decoders' initial state; zero is also every
   // low-precision format's encoding of a zero state).
@@ -201,6 +204,17 @@ struct Workspace {
     REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_codes->ptr, 0, lowp_codes->n));
     REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_scales->ptr, 0, lowp_scales->n * sizeof(float)));
     REPLAYSSM_CUDA_CHECK(cudaMemset(lowp_tensor->ptr, 0, lowp_tensor->n * sizeof(float)));
+    REPLAYSSM_CUDA_CHECK(cudaMemset(residual->ptr, 0, residual->n * sizeof(float)));
+  }
+  // Appendix F: the current token's decay of value heads h with h % 4 < quarters set to `decay` (every
+  // channel for KDA); 1e-9 puts their gamma below every format's skip threshold (2^-24 and up).
+  void set_head_decays(int quarters, float decay, int period = 4) {
+    std::vector<float> a(alpha->n);
+    REPLAYSSM_CUDA_CHECK(cudaMemcpy(a.data(), alpha->ptr, a.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    const std::size_t width = static_cast<std::size_t>(decay_width());
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (static_cast<int>((i / width) % static_cast<std::size_t>(s.value_heads)) % period < quarters) a[i] = decay;
+    REPLAYSSM_CUDA_CHECK(cudaMemcpy(alpha->ptr, a.data(), a.size() * sizeof(float), cudaMemcpyHostToDevice));
   }
   StepInputs inputs() const { return {q->ptr, k->ptr, v->ptr, alpha->ptr, beta->ptr, out->ptr}; }
   DeviceState fp32_state(int copy) const {
@@ -252,6 +266,7 @@ struct ByteModel {
                       s.value_heads * (2.0 * s.dv + decay_bytes() + (ssm::has_delta_rule(kind) ? 4.0 * s.dv + 4 : 0)));
   }
   double conventional() const { return 2 * state() + inputs(); }
+  double residual() const { return 4.0 * s.heads() * s.head_elements(); }  // an ef copy's fp32 residual
   // Non-flush step at window position h0 (h0 records read, one written) reading a checkpoint of `read` bytes.
   double nonflush(int h0, double read) const { return read + inputs() + (h0 + 1) * record(); }
   double flush(int L) const { return 2 * state() + inputs() + L * record(); }
@@ -351,6 +366,7 @@ class KernelCheck {
     std::vector<float> out(ws_.out->n), ref(static_cast<std::size_t>(T) * hpg * s.dv);
     for (int step = 0; step < steps; ++step) {
       ws_.fill_inputs(kCheckInputSeed + 8 * static_cast<uint64_t>(input_draws_++));
+      if (after_fill) after_fill();  // e.g. fast decays, so that a skipping configuration skips
       const HostInputs in(ws_, T);
       gpu_step();
       REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -383,6 +399,7 @@ class KernelCheck {
           "bench: {} on {} (B = {}) differs from the CPU reference before timing: max |d| = {:.3g} x {:g} (rms + |cpu|), "
           "{} of {} elements beyond it", kernel, model_, s.batch, excess, tol, beyond, meter.gpu.size()));
   }
+  std::function<void()> after_fill;  // runs after each step's inputs are drawn, before they are copied back
   int checked() const { return checked_; }
   double worst_fp32() const { return worst_fp32_; }
   double worst_flips() const { return worst_flips_; }
@@ -447,6 +464,46 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
       check.run("replay " + text, 1, L + 2, read == StorageFormat::fp32 ? 0.0 : 5e-3,
                 [&] { replay_step(kind, s, ws.inputs(), cfg, rec, nullptr); },
                 [&](int b, int g, const HostInputs& in, float* ref) { cpu[b][g]->step(in.token(s, b, g, 0), ref); });
+    }
+  }
+  // Error feedback: conventional fp16+ef.
+  {
+    ws.zero_states();
+    const auto policy = ssm::PrecisionPolicy::parse("conv:fp16+ef");
+    auto cpu = grid([&](int b, int g) { return std::make_unique<ssm::ConventionalDecoder>(group, policy, id(b, g)); });
+    DeviceState st = ws.lowp_state(StorageFormat::fp16, 0);
+    st.residual = ws.residual->ptr;
+    check.run("conventional fp16+ef", 1, 4, 2e-3,
+              [&] { conventional_step(kind, s, ws.inputs(), st, nullptr, formats::Rounding::ef); },
+              [&](int b, int g, const HostInputs& in, float* ref) { cpu[b][g]->step(in.token(s, b, g, 0), ref); });
+  }
+  // Error feedback on a split NVFP4 read copy, and appendix F skipping: even value heads decay at 0.3
+  // per token, so their NVFP4 reads are skipped from the second token on and an FP32 flush after 16
+  // tokens is a pure write; odd heads keep 0.9-0.999 and never skip.
+  for (int L : windows) {
+    for (const std::string& text : {fmt::format("split:nvfp4+ef/fp32@{}", L), fmt::format("shared:fp32@{},skip=auto", L),
+                                    fmt::format("split:nvfp4/fp32@{},skip=auto", L)}) {
+      ws.zero_states();
+      ws.set_windows([](int) { return 0; });
+      const auto policy = ssm::PrecisionPolicy::parse(text);
+      const bool split = policy.scheme == ssm::DecodeScheme::split;
+      auto cpu = grid([&](int b, int g) { return ssm::make_decoder(group, policy, id(b, g)); });
+      ReplayConfig cfg;
+      cfg.window = L;
+      cfg.recur = ws.fp32_state(0);
+      if (split) cfg.read = ws.lowp_state(StorageFormat::nvfp4, 0);
+      if (policy.read.rounding == formats::Rounding::ef) {
+        cfg.read.residual = ws.residual->ptr;
+        cfg.read_rounding = formats::Rounding::ef;
+      }
+      cfg.skip_threshold_read = policy.skip.threshold_for(split ? policy.read : policy.recur);
+      cfg.skip_threshold_flush = policy.skip.threshold_for(policy.recur);
+      if (cfg.skips()) check.after_fill = [&] { ws.set_head_decays(1, 0.3f, 2); };
+      DeviceRecords rec = ws.records();
+      check.run("replay " + text, 1, L + 2, split ? 5e-3 : 0.0,
+                [&] { replay_step(kind, s, ws.inputs(), cfg, rec, nullptr); },
+                [&](int b, int g, const HostInputs& in, float* ref) { cpu[b][g]->step(in.token(s, b, g, 0), ref); });
+      check.after_fill = nullptr;
     }
   }
   // Verification at L = 16 with every draft accepted: h runs 0, T, 2T, ... and flushes when h + T > 16.
@@ -866,6 +923,16 @@ int run_decode_bench(const BenchOptions& o) {
         add(m, fmt::format("conventional {}", formats::to_string(f)), B, 1, us,
             2 * bm.lowp_state(f) + bm.inputs(), conv_us);
       }
+      {  // error feedback: the fp32 residual read and written besides the fp16 state
+        DeviceState st = ws.lowp_state(StorageFormat::fp16, 0);
+        const double us = time_us(o.repeats, [&] {
+          st = ws.lowp_state(StorageFormat::fp16, next_copy());
+          st.residual = ws.residual->ptr;
+          conventional_step(kind, s, ws.inputs(), st, nullptr, formats::Rounding::ef);
+        });
+        add(m, "conventional fp16+ef", B, 1, us, 2 * bm.lowp_state(StorageFormat::fp16) + 2 * bm.residual() + bm.inputs(),
+            conv_us);
+      }
       for (int L : o.windows) {
         ReplayConfig cfg;
         cfg.window = L;
@@ -890,6 +957,7 @@ int run_decode_bench(const BenchOptions& o) {
         add(m, "replay fp32 non-flush step", B, L, nf32, bm.nonflush(L / 2, bm.state()), conv_us);
         add(m, "replay fp32 flush step", B, L, fl, bm.flush(L), conv_us);
         add(m, "replay fp32 amortised ((L-1)nf+f)/L", B, L, ((L - 1) * nf32 + fl) / L, bm.window(L, bm.state()) / L, conv_us);
+        double nvfp4_us = 0.0;
         for (StorageFormat f : {StorageFormat::fp16, StorageFormat::fp8b128, StorageFormat::nvfp4}) {
           ReplayConfig split = cfg;
           split.read = ws.lowp_state(f, 0);
@@ -902,6 +970,58 @@ int run_decode_bench(const BenchOptions& o) {
           }, [&] { ws.set_windows([&](int) { return L / 2; }); });
           add(m, fmt::format("non-flush read {} (x over fp32 read)", formats::to_string(f)), B, L, us,
               bm.nonflush(L / 2, bm.lowp_state(f)), nf32);
+          if (f == StorageFormat::nvfp4) nvfp4_us = us;
+        }
+        // Appendix F: non-flush steps with skip=auto when 0, 2 or 4 of every 4 value heads skip their
+        // read (their current decay set to 1e-9), against the same read without skipping; and a flush
+        // that is a pure write for every head. The 0% row is the cost of the decisions alone.
+        for (int quarters : {0, 2, 4}) {
+          ws.fill_inputs(Workspace::kTimedInputSeed);
+          ws.set_head_decays(quarters, 1e-9f);
+          ReplayConfig skip = cfg;
+          skip.skip_threshold_read = formats::unit_roundoff(StorageFormat::nvfp4);
+          skip.skip_threshold_flush = formats::unit_roundoff(StorageFormat::fp32);
+          const double us = time_us(o.repeats, [&] {
+            const int c = next_copy();
+            skip.recur = ws.fp32_state(c);
+            skip.read = ws.lowp_state(StorageFormat::nvfp4, c);
+            DeviceRecords rec = ws.records();
+            replay_step(kind, s, ws.inputs(), skip, rec, nullptr);
+          }, [&] { ws.set_windows([&](int) { return L / 2; }); });
+          add(m, fmt::format("nvfp4 read skip=auto, {}% skip (x no skip)", 25 * quarters), B, L, us,
+              bm.nonflush(L / 2, bm.lowp_state(StorageFormat::nvfp4) * (1.0 - quarters / 4.0)), nvfp4_us);
+        }
+        {
+          ReplayConfig skip = cfg;
+          skip.skip_threshold_read = skip.skip_threshold_flush = formats::unit_roundoff(StorageFormat::fp32);
+          auto skipped_step = [&](int h0) {
+            return time_us(o.repeats, [&] {
+              skip.recur = ws.fp32_state(next_copy());
+              DeviceRecords rec = ws.records();
+              replay_step(kind, s, ws.inputs(), skip, rec, nullptr);
+            }, [&] { ws.set_windows([&](int) { return h0; }); });
+          };
+          ws.set_head_decays(4, 1e-9f);
+          add(m, "fp32 read skip=auto, 100% skip (x no skip)", B, L, skipped_step(L / 2), bm.nonflush(L / 2, 0.0), nf32);
+          add(m, "flush skip=auto, pure write (x flush)", B, L, skipped_step(L - 1), bm.flush(L) - bm.state(), fl);
+          ws.fill_inputs(Workspace::kTimedInputSeed);  // the timed decays again
+        }
+        // Error feedback on the NVFP4 read copy of a split flush (its fp32 residual read and written).
+        double split_flush_us = 0.0;
+        for (bool ef : {false, true}) {
+          ReplayConfig split = cfg;
+          if (ef) split.read_rounding = formats::Rounding::ef;
+          const double us = time_us(o.repeats, [&] {
+            const int c = next_copy();
+            split.recur = ws.fp32_state(c);
+            split.read = ws.lowp_state(StorageFormat::nvfp4, c);
+            split.read.residual = ef ? ws.residual->ptr : nullptr;
+            DeviceRecords rec = ws.records();
+            replay_step(kind, s, ws.inputs(), split, rec, nullptr);
+          }, [&] { ws.set_windows([&](int) { return L - 1; }); });
+          if (!ef) split_flush_us = us;
+          add(m, ef ? "flush split nvfp4+ef/fp32 (x no ef)" : "flush split nvfp4/fp32 (x shared flush)", B, L, us,
+              bm.flush(L) + bm.lowp_state(StorageFormat::nvfp4) + (ef ? 2 * bm.residual() : 0.0), ef ? split_flush_us : fl);
         }
       }
       // Speculative verification at L = 16: output-only (no flush: h = 0; flush: h = 16 - T + 1)

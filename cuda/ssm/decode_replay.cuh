@@ -73,11 +73,12 @@ struct ReplayShared {
   float* rows2;    // [NH*dv] S k (GDN)
   float* gamma;    // [NH]
   float* scratch;  // [kWarps]
+  float* skip;     // [NH] appendix F: 1 when the head skips its checkpoint read this step, else 0
 };
 
 __host__ __device__ inline std::size_t replay_shared_floats(int L, int DK, int dv, int NH, bool flush) {
   return (flush ? static_cast<std::size_t>(L) * DK : 0) + static_cast<std::size_t>(NH) * L * dv +
-         3 * static_cast<std::size_t>(NH) * L + 2 * L + 2 * NH * dv + NH + kWarps;
+         3 * static_cast<std::size_t>(NH) * L + 2 * L + 2 * NH * dv + 2 * NH + kWarps;
 }
 
 __device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK, int dv, int NH, bool flush) {
@@ -94,7 +95,34 @@ __device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK,
   s.rows2 = s.rows1 + NH * dv;
   s.gamma = s.rows2 + NH * dv;
   s.scratch = s.gamma + NH;
+  s.skip = s.scratch + kWarps;
   return s;
+}
+
+// Appendix F: sh.skip[n] = 1 when head n's gamma = a_0 a_1 ... a_h0 (window positions 0..h0, the
+// current token's decay at h0) is below `threshold`, else 0; all 0 when threshold is 0. The product
+// is taken in token order in float32, as ssm::ReplayDecoderBase::skips_checkpoint_read takes it,
+// so both make the same decision. One warp per head; the decays go to lane 0 in order by shuffles.
+// Whole block; ends with __syncthreads.
+__device__ __forceinline__ void stage_skip_flags(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
+                                                 const ReplayShared& sh, int h0, float threshold) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int n = warp; n < bg.NH; n += kWarps) {
+    float gamma = 1.0f;
+    if (threshold > 0.0f) {
+      const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
+      float a[2] = {1.0f, 1.0f};
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int p = lane + 32 * half;
+        if (p <= h0) a[half] = p == h0 ? A.in.alpha[hb] : A.rec.alpha[ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n];
+      }
+      gamma = __shfl_sync(kFullMask, a[0], 0);
+      for (int p = 1; p <= h0; ++p) gamma = __fmul_rn(gamma, __shfl_sync(kFullMask, p < 32 ? a[0] : a[1], p % 32));
+    }
+    if (lane == 0) sh.skip[n] = threshold > 0.0f && gamma < threshold ? 1.0f : 0.0f;
+  }
+  __syncthreads();
 }
 
 // Decay weights of the window for the block's NH heads, one warp per head: w[n][p] =
@@ -126,11 +154,13 @@ __device__ __forceinline__ void stage_decay_weights(const ReplayArgs& A, const B
 // Record vectors of the block's NH heads at window positions [0, staged) into vals [NH][L][dv]
 // (L = `stride`): Mamba-2 v (bf16; position h0 is the current token's v), GDN the cached fp32 u,
 // or with `raw_v` the GDN v (split flush recomputes u). With `weights` (sh.w, [NH][L]) each vector
-// is stored multiplied by its decay weight w_p. Eight independent loads per thread in flight.
+// is stored multiplied by its decay weight w_p. `raw_heads` (sh.skip, or nullptr): heads n with
+// raw_heads[n] != 0 take the raw v unweighted too (a skipped GDN read recomputes every u from zero).
+// Eight independent loads per thread in flight.
 template <ssm::Recurrence K>
 __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
                                                      float* vals, int stride, int h0, int staged, bool raw_v,
-                                                     const float* weights) {
+                                                     const float* weights, const float* raw_heads = nullptr) {
   const int dv = bg.dv, L = stride;
   const SmallDiv per_head(staged);
   if (dv % 2 == 0) {  // element pairs: one 4-byte (bf16) or 8-byte (fp32) load per pair
@@ -140,15 +170,16 @@ __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const 
           const int n = per_head(vec), p = vec - n * staged, r = 2 * pair;
           const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
           const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n) * dv + r;
-          if (K == ssm::Recurrence::mamba2 || raw_v)
+          if (K == ssm::Recurrence::mamba2 || raw_v || (raw_heads && raw_heads[n] != 0.0f))
             return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p == h0 ? A.in.v + hb * dv + r : A.rec.v + rec));
           return *reinterpret_cast<const float2*>(A.rec.u + rec);
         },
         [&](int vec, int pair, float2 x) {
           const int n = per_head(vec), p = vec - n * staged;
-          const float w = weights ? weights[n * L + p] : 1.0f;
+          const bool weighted = weights && !(K != ssm::Recurrence::mamba2 && raw_heads && raw_heads[n] != 0.0f);
+          const float w = weighted ? weights[n * L + p] : 1.0f;
           *reinterpret_cast<float2*>(vals + (static_cast<std::size_t>(n) * L + p) * dv + 2 * pair) =
-              weights ? make_float2(x.x * w, x.y * w) : x;
+              weighted ? make_float2(x.x * w, x.y * w) : x;
         });
     return;
   }
@@ -158,12 +189,14 @@ __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const 
         const int n = per_head(vec), p = vec - n * staged;
         const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
         const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + n) * dv + r;
-        if (K == ssm::Recurrence::mamba2 || raw_v) return __bfloat162float(p == h0 ? A.in.v[hb * dv + r] : A.rec.v[rec]);
+        if (K == ssm::Recurrence::mamba2 || raw_v || (raw_heads && raw_heads[n] != 0.0f))
+          return __bfloat162float(p == h0 ? A.in.v[hb * dv + r] : A.rec.v[rec]);
         return A.rec.u[rec];
       },
       [&](int vec, int r, float x) {
         const int n = per_head(vec), p = vec - n * staged;
-        vals[(static_cast<std::size_t>(n) * L + p) * dv + r] = weights ? x * weights[n * L + p] : x;
+        const bool weighted = weights && !(K != ssm::Recurrence::mamba2 && raw_heads && raw_heads[n] != 0.0f);
+        vals[(static_cast<std::size_t>(n) * L + p) * dv + r] = weighted ? x * weights[n * L + p] : x;
       });
 }
 

@@ -10,7 +10,10 @@ using namespace decode_detail;
 
 namespace {
 
-// ---- flush: S = REPLAY(S_ckpt^recur, B[1:h+1]) on chip (h + 1 = L, or more after a verification commit), o = S q, write the recur copy (RTN or SR) and the read (LP) copy.
+// ---- flush: S = REPLAY(S_ckpt^recur, B[1:h+1]) on chip (h + 1 = L, or more after a verification commit), o = S q, write the recur copy (RTN, SR or ef) and the read (LP) copy (RTN or ef).
+// Appendix F: a head whose gamma is below the recur copy's threshold folds from zero instead (a pure
+// write). This kernel also serves GDN heads that skip their read at a non-flush step: REPLAY(0,
+// B[1:h+1]) with every u recomputed from zero, o = S q, no checkpoint written.
 // Each warp owns kFlushRows consecutive row slots (x in registers) and the window is folded as a
 // small GEMM, S <- gamma S + V' K with V'[r][p] = w_p v_p[r] staged in shared memory: per record a
 // lane reads its key columns once (16 bytes) and the row coefficients as broadcasts.
@@ -23,6 +26,14 @@ struct FlushRows {
   static constexpr int kRowsPerGroup = kWarps * G * RW;  // rows of one head per group
   __device__ static int row(int group, int warp, int j, int lane) { return ((group * kWarps + warp) * G + j) * RW + lane / LPR; }
 };
+
+template <int DK>
+__device__ __forceinline__ void zero_flush_rows(float (*x)[FlushRows<DK>::P][4]) {
+#pragma unroll
+  for (int j = 0; j < FlushRows<DK>::G; ++j)
+#pragma unroll
+    for (int p = 0; p < FlushRows<DK>::P; ++p) x[j][p][0] = x[j][p][1] = x[j][p][2] = x[j][p][3] = 0.0f;
+}
 
 template <StorageFormat RecurF, int DK>
 __device__ __forceinline__ void load_flush_rows(const HeadView& recur_view, int dv, int group, float (*x)[FlushRows<DK>::P][4]) {
@@ -42,11 +53,13 @@ __device__ __forceinline__ void load_flush_rows(const HeadView& recur_view, int 
 // Flush of value head n of the block. Mamba-2 and shared GDN fold the staged records as a rank-
 // `staged` update (GDN: the cached u, then the current token as a conventional step); split GDN
 // recomputes every u on the recur (HP) path from the raw records (Algorithm 3 for GDN). `x` holds the
-// head's first row group on entry (the caller issued those loads early).
-template <ssm::Recurrence K, StorageFormat RecurF, int DK>
+// head's first row group on entry (the caller issued those loads early). `from_zero` (appendix F):
+// the checkpoint is not read, x starts at zero and GDN recomputes every u from there. `write`: a
+// flush (write the copies); else a skipped GDN non-flush read (output and the current u only).
+template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras>
 __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, int n, const WindowState& win,
                                   const ReplayShared& sh, int staged, const float (*kv)[4], const float (*qv)[4],
-                                  float (*x)[FlushRows<DK>::P][4]) {
+                                  float (*x)[FlushRows<DK>::P][4], bool from_zero, bool write) {
   using FR = FlushRows<DK>;
   constexpr int P = FR::P, LPR = FR::LPR, G = FR::G, E = 4;
   const int L = sh.stride, h0 = win.h, dv = bg.dv;  // h0: window position of the current token
@@ -55,17 +68,22 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const HeadView recur_view = head_view(A.recur, hb, dv, DK);
   const HeadView read_view = A.split ? head_view(A.read, hb, dv, DK) : HeadView{};
-  const bool recompute_u = K == ssm::Recurrence::gdn && A.split;
+  const bool recompute_u = K == ssm::Recurrence::gdn && (A.split || (kExtras && from_zero));
   const float* vals = sh.vals + static_cast<std::size_t>(n) * L * dv;  // [p][dv]
+  float* const recur_residual = kExtras && A.recur_ef ? head_residual(A.recur, hb, dv, DK) : nullptr;
+  float* const read_residual = kExtras && A.split ? head_residual(A.read, hb, dv, DK) : nullptr;
   const float a_t = A.in.alpha[hb];
   const float beta_t = K == ssm::Recurrence::gdn ? A.in.beta[hb] : 0.0f;
   const float gamma = sh.gamma[n];
   const uint64_t recur_stream = sr_stream_device(bg.b, bg.g, vh, 0, win.flushes);
-  const bool need_amax = A.split && A.read.format == StorageFormat::nvfp4;
+  const bool need_amax = write && A.split && A.read.format == StorageFormat::nvfp4;
   float local_amax = 0.0f;
   const int groups = (dv + FR::kRowsPerGroup - 1) / FR::kRowsPerGroup;
   for (int group = 0; group < groups; ++group) {
-    if (group > 0) load_flush_rows<RecurF, DK>(recur_view, dv, group, x);
+    if (group > 0) {
+      if (kExtras && from_zero) zero_flush_rows<DK>(x);
+      else load_flush_rows<RecurF, DK>(recur_view, dv, group, x);
+    }
     int rows[G];
 #pragma unroll
     for (int j = 0; j < G; ++j) rows[j] = FR::row(group, warp, j, lane);
@@ -164,22 +182,34 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
       const int row = FR::row(group, warp, scatter_index<LPR, G>(lane), lane);
       if (lane % (LPR / G) == 0 && row < dv) A.in.out[hb * dv + row] = sum;
     }
+    if (kExtras && !write) continue;
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       const bool valid = rows[j] < dv;
       if (valid) {
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-          store_piece<RecurF, DK>(recur_view, rows[j], FR::T::col(lane, p), x[j][p], A.recur_mode, A.seed, recur_stream);
-          if (need_amax)
+          const int col = FR::T::col(lane, p);
+          if constexpr (kExtras && RecurF != StorageFormat::fp32) {
+            if (recur_residual) store_piece_ef<RecurF, DK>(recur_view, rows[j], col, x[j][p], recur_residual);
+            else store_piece<RecurF, DK>(recur_view, rows[j], col, x[j][p], A.recur_mode, A.seed, recur_stream);
+          } else {
+            store_piece<RecurF, DK>(recur_view, rows[j], col, x[j][p], A.recur_mode, A.seed, recur_stream);
+          }
+          if (need_amax) {
+            // The tensor amax of the LP copy's input: S, or S + E with error feedback (as the CPU takes it).
+            float e4[E];
+            if constexpr (kExtras) load_residual4<DK>(read_residual, rows[j], col, e4);
 #pragma unroll
             for (int e = 0; e < E; ++e) {
-              const float ax = fabsf(x[j][p][e]);
+              const float ax = fabsf(kExtras && read_residual ? __fadd_rn(x[j][p][e], e4[e]) : x[j][p][e]);
               if (ax < INFINITY && ax > local_amax) local_amax = ax;
             }
+          }
         }
       }
-      if (A.split && !need_amax) store_read_row<DK, P, LPR>(read_view, A.read.format, rows[j], lane, x[j], valid, {});
+      if (A.split && !need_amax)
+        store_read_row<DK, P, LPR>(read_view, A.read.format, rows[j], lane, x[j], valid, {}, read_residual);
     }
   }
   if (need_amax) {
@@ -200,16 +230,29 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
         if (valid) load4<RecurF, DK>(recur_view, row, T::col(lane, p), y[p]);
         else for (int e = 0; e < E; ++e) y[p][e] = 0.0f;
       }
-      store_read_row<DK, P, LPR>(read_view, StorageFormat::nvfp4, row, lane, y, valid, ts);
+      store_read_row<DK, P, LPR>(read_view, StorageFormat::nvfp4, row, lane, y, valid, ts, read_residual);
     }
   }
 }
 
-template <ssm::Recurrence K, StorageFormat RecurF, int DK>
-__device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win, const ReplayShared& sh) {
+// `flush`: the sequence's window is full (fold, output, write). Else (GDN with skip_read only) the
+// block serves the heads whose non-flush read is skipped, and returns at once if there are none.
+template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras>
+__device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win, const ReplayShared& sh,
+                                   bool flush) {
   using FR = FlushRows<DK>;
-  const int h0 = win.h, dv = bg.dv;  // the current token is window position h0 (h0 + 1 >= L)
+  const int h0 = win.h, dv = bg.dv;  // the current token is window position h0 (h0 + 1 >= L when flushing)
   const int lane = threadIdx.x % 32;
+  const float threshold = flush ? A.skip_flush : A.skip_read;
+  const bool skip_on = kExtras && threshold > 0.0f;
+  // Appendix F: the decisions come first, so that no skipped checkpoint row is loaded.
+  if (skip_on) stage_skip_flags(A, bg, win, sh, h0, threshold);
+  auto skipped = [&](int n) { return skip_on && sh.skip[n] != 0.0f; };
+  if (!flush) {
+    bool any = false;
+    for (int n = 0; n < bg.NH; ++n) any = any || skipped(n);
+    if (!any) return;  // block-uniform: the flags are in shared memory
+  }
   const bool recompute_u = K == ssm::Recurrence::gdn && A.split;
   const int staged = K == ssm::Recurrence::mamba2 ? h0 + 1 : h0;  // Mamba-2 folds the current token too
   const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
@@ -218,7 +261,8 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
   load_lane_vector<4, FR::P, FR::LPR>(A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK, lane, qv);
   // The first head's first row group does not depend on the records: issue its loads first.
   float x[FR::G][FR::P][4];
-  load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0, x);
+  if (skipped(0) || !flush) zero_flush_rows<DK>(x);
+  else load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0, x);
   // Stage the window once for the NH heads: keys, record vectors, decays and their weights.
   copy_unrolled<4>(
       staged * DK / 2,
@@ -230,18 +274,25 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
       [&](int i, float2 x) { reinterpret_cast<float2*>(sh.keys)[i] = x; });
   stage_decay_weights(A, bg, win, sh, h0, staged, K == ssm::Recurrence::gdn);
   __syncthreads();  // weights ready: the record vectors are staged as V'[p][r] = w_p v_p[r]
-  stage_record_vectors<K>(A, bg, win, sh.vals, sh.stride, h0, staged, recompute_u, recompute_u ? nullptr : sh.w);
+  stage_record_vectors<K>(A, bg, win, sh.vals, sh.stride, h0, staged, recompute_u, recompute_u ? nullptr : sh.w,
+                          skip_on ? sh.skip : nullptr);
   __syncthreads();
   for (int n = 0; n < bg.NH; ++n) {
-    if (n > 0) load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n, dv, DK), dv, 0, x);
-    replay_flush_head<K, RecurF, DK>(A, bg, n, win, sh, staged, kv, qv, x);
+    if (!flush && !skipped(n)) continue;  // the non-flush kernel serves this head
+    if (n > 0) {
+      if (skipped(n)) zero_flush_rows<DK>(x);
+      else load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n, dv, DK), dv, 0, x);
+    }
+    replay_flush_head<K, RecurF, DK, kExtras>(A, bg, n, win, sh, staged, kv, qv, x, skipped(n), flush);
   }
 }
 
 template <int DK>
 constexpr int flush_min_blocks() { return DK == 256 ? 2 : 3; }
 
-template <ssm::Recurrence K, StorageFormat RecurF, int DK>
+// kExtras: error feedback or appendix F skipping in use (a separate instantiation, so that the
+// plain kernel keeps its register allocation: measured with ptxas, one kernel for both spilled).
+template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras>
 __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
@@ -260,10 +311,13 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
     }
     write_next_window(A.rec, bg.b, next);
   }
-  if (flush) {
+  // GDN heads that skip their non-flush read (appendix F) recompute every u from zero: a fold, so
+  // this kernel serves them (the non-flush kernel appends the record and serves the other heads).
+  const bool gdn_skipped_reads = kExtras && K == ssm::Recurrence::gdn && !flush && A.skip_read > 0.0f;
+  if (flush || gdn_skipped_reads) {
     const ReplayShared sh = carve_shared(smem, A.stage, DK, bg.dv, bg.NH, true);
-    append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
-    replay_flush_block<K, RecurF, DK>(A, bg, win, sh);
+    if (flush) append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
+    replay_flush_block<K, RecurF, DK, kExtras>(A, bg, win, sh, flush);
   }
   step_block_done(A.rec, bg.b, 2 * gridDim.x);
 }
@@ -279,8 +333,14 @@ void decode_detail::launch_replay_flush(ssm::Recurrence kind, StorageFormat recu
       // so it may start before the non-flush grid has drained. (What follows in the stream still
       // waits for both.)
       auto launch = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, true, stream); };
-      if (recur == StorageFormat::fp32) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK()>);
-      else if (recur == StorageFormat::fp16) launch(replay_flush_kernel<K(), StorageFormat::fp16, DK()>);
+      const bool extras = A.recur_ef || A.read.residual != nullptr || A.skip_read > 0.0f || A.skip_flush > 0.0f;
+      if (recur == StorageFormat::fp32) {
+        if (extras) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), true>);
+        else launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false>);
+      } else if (recur == StorageFormat::fp16) {
+        if (extras) launch(replay_flush_kernel<K(), StorageFormat::fp16, DK(), true>);
+        else launch(replay_flush_kernel<K(), StorageFormat::fp16, DK(), false>);
+      }
       else throw std::invalid_argument("the recurrence checkpoint is fp32 or fp16");
     });
   });

@@ -12,16 +12,19 @@ namespace {
 
 // Loads (not yet decoded) of row iterations [it0, it0 + kBatch) of the non-flush checkpoint stream.
 // A plain function, not a lambda: a closure holding these arrays put them in local memory.
+// `skipped` (sh.skip, or nullptr when nothing skips): rows of heads whose read is skipped (appendix F)
+// are not loaded.
 template <StorageFormat R, int DK, int kBatch, int P>
 __device__ __forceinline__ void load_checkpoint_batch(const HeadView rv, const float* tensor_scales, std::size_t hb0,
                                                       int dv, int rows_total, int iterations, int it0,
-                                                      RawPiece (&raw)[kBatch][P], float (&tscale)[kBatch]) {
+                                                      RawPiece (&raw)[kBatch][P], float (&tscale)[kBatch],
+                                                      const float* skipped) {
   using T = Tile<R, DK>;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
   for (int j = 0; j < kBatch; ++j) {
     const int row = ((it0 + j) * kWarps + warp) * T::RW + T::row_in_iteration(lane);
-    const bool valid = it0 + j < iterations && row < rows_total;
+    const bool valid = it0 + j < iterations && row < rows_total && !(skipped && skipped[row / dv] != 0.0f);
     tscale[j] = 1.0f;
     if (valid && R == StorageFormat::nvfp4) tscale[j] = tensor_scales[hb0 + row / dv];
 #pragma unroll
@@ -36,7 +39,7 @@ __device__ __forceinline__ void load_checkpoint_batch(const HeadView rv, const f
 // The checkpoint stream does not depend on the records, so its first batch of loads is issued
 // before the record phase and every later batch before the previous one is consumed: the DRAM
 // latency overlaps the record phase and the dot products (what a 2-7x smaller LP read needs).
-template <ssm::Recurrence K, StorageFormat R, int DK>
+template <ssm::Recurrence K, StorageFormat R, int DK, bool kSkip>
 __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
                                       const ReplayShared& sh) {
   using T = Tile<R, DK>;
@@ -58,9 +61,13 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   const int rows_total = NH * dv;
   const int iterations = (rows_total + kWarps * RW - 1) / (kWarps * RW);
   auto row_of = [&](int it) { return (it * kWarps + warp) * RW + T::row_in_iteration(lane); };
+  // Appendix F: the skip decisions come before the first load, so no skipped row is read.
+  const bool skip_on = kSkip && A.skip_read > 0.0f;
+  if (skip_on) stage_skip_flags(A, bg, win, sh, h0, A.skip_read);
+  const float* const skipped = skip_on ? sh.skip : nullptr;
   RawPiece raw[kBatch][P];
   float tscale[kBatch];
-  load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, dv, rows_total, iterations, 0, raw, tscale);
+  load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, dv, rows_total, iterations, 0, raw, tscale, skipped);
 
   // Record phase: record vectors, decay weights, key products (c1_p = k_p . q_t; GDN c2_p = k_p . k_t).
   stage_record_vectors<K>(A, bg, win, sh.vals, sh.stride, h0, staged, false, nullptr);
@@ -97,7 +104,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
       for (int p = 0; p < P; ++p) cur[j][p] = raw[j][p];
     }
     if (it0 + kBatch < iterations)
-      load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, dv, rows_total, iterations, it0 + kBatch, raw, tscale);
+      load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, dv, rows_total, iterations, it0 + kBatch, raw, tscale, skipped);
     constexpr int N = kBatch * NV;  // partial sums per lane, [j][v]
     float acc[N];
 #pragma unroll
@@ -133,11 +140,12 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
     const float* vn = sh.vals + static_cast<std::size_t>(n) * L * dv;
     const float* wn = sh.w + n * L;
     const float gamma = sh.gamma[n];
+    const bool skip = skip_on && sh.skip[n] != 0.0f;
     if (K == ssm::Recurrence::mamba2) {
-      float o = gamma * sh.rows1[idx];
+      float o = skip ? 0.0f : gamma * sh.rows1[idx];  // skipped: REPLAY(0, B[1:h+1]) q
       for (int p = 0; p < staged; ++p) o = fmaf(wn[p] * sh.c1[p], vn[p * dv + r], o);
       A.in.out[hb * dv + r] = o;
-    } else {
+    } else if (!skip) {  // a skipped GDN head recomputes every u from zero: the flush kernel serves it
       float sq = gamma * sh.rows1[idx], sk = gamma * sh.rows2[idx];
       for (int p = 0; p < staged; ++p) {
         const float up = vn[p * dv + r];
@@ -163,7 +171,8 @@ constexpr int nonflush_min_blocks() {
   if (DK == 256 || R == StorageFormat::nvfp4) return K == ssm::Recurrence::gdn ? 2 : 3;
   return K == ssm::Recurrence::gdn && R == StorageFormat::fp8b128 ? 3 : 4;
 }
-template <ssm::Recurrence K, StorageFormat R, int DK>
+// kSkip: appendix F skipping in use (its own instantiation, so the plain kernel keeps its registers).
+template <ssm::Recurrence K, StorageFormat R, int DK, bool kSkip>
 __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) replay_nonflush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -176,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) rep
   if (win.h + 1 < A.window) {  // else the flush kernel's sequence
     const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false);
     append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
-    replay_nonflush_block<K, R, DK>(A, bg, win, sh);
+    replay_nonflush_block<K, R, DK, kSkip>(A, bg, win, sh);
   }
   step_block_done(A.rec, bg.b, 2 * gridDim.x);  // this kernel's and the flush kernel's blocks
 }
@@ -188,15 +197,20 @@ void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat r
   const std::size_t smem = sizeof(float) * replay_shared_floats(A.window, A.shape.dk, A.shape.dv, A.heads_per_block, false);
   with_kind(kind, [&](auto K) {
     with_dk(A.shape.dk, [&](auto DK) {
-      auto launch = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, false, stream); };
+      // The skipping instantiation only when skipping is on (kSkip: see replay_nonflush_kernel).
+      auto launch = [&](auto R) {
+        if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true>, A, grid, smem, false, stream);
+        else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false>, A, grid, smem, false, stream);
+      };
+      using SF = StorageFormat;
       switch (read) {
-        case StorageFormat::fp32: launch(replay_nonflush_kernel<K(), StorageFormat::fp32, DK()>); break;
-        case StorageFormat::fp16: launch(replay_nonflush_kernel<K(), StorageFormat::fp16, DK()>); break;
-        case StorageFormat::bf16: launch(replay_nonflush_kernel<K(), StorageFormat::bf16, DK()>); break;
-        case StorageFormat::fp8b128:
-          if constexpr (DK() >= 128) launch(replay_nonflush_kernel<K(), StorageFormat::fp8b128, DK()>);
+        case SF::fp32: launch(std::integral_constant<SF, SF::fp32>{}); break;
+        case SF::fp16: launch(std::integral_constant<SF, SF::fp16>{}); break;
+        case SF::bf16: launch(std::integral_constant<SF, SF::bf16>{}); break;
+        case SF::fp8b128:
+          if constexpr (DK() >= 128) launch(std::integral_constant<SF, SF::fp8b128>{});
           break;
-        case StorageFormat::nvfp4: launch(replay_nonflush_kernel<K(), StorageFormat::nvfp4, DK()>); break;
+        case SF::nvfp4: launch(std::integral_constant<SF, SF::nvfp4>{}); break;
         default: throw std::invalid_argument("unsupported read checkpoint format");
       }
     });

@@ -298,6 +298,7 @@ void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, con
   if (config.skips())
     throw std::invalid_argument("verification with checkpoint-read skipping (appendix F) is not defined: the CPU decoders "
                                 "implement skipping for standard decode only (ReplayConfig skip thresholds must be 0)");
+  checked_rounding(config.recur, config.recur_rounding, "recur");
   const bool low_precision = config.split() || config.recur.format != StorageFormat::fp32;
   if (kind == ssm::Recurrence::kda) {
     if (!low_precision) return kda_detail::verify_step(shape, drafts, in, config, records, stream);

@@ -37,6 +37,7 @@ struct SplitVerifyArgs {
   DeviceRecords rec;
   int heads_per_block;
   int max_committed;  // max(L, T_max): the most committed records a verify step can see
+  bool recur_ef;      // error feedback on the (fp16/bf16) recur copy; the LP copy's: read.residual set
 };
 
 __host__ __device__ inline std::size_t align4(std::size_t floats) { return (floats + 3) / 4 * 4; }
@@ -91,9 +92,15 @@ __device__ __forceinline__ void load4_any(const HeadView& h, StorageFormat f, in
   }
 }
 
+// `residual` (the head's, or nullptr): error feedback on an fp16/bf16 recur copy.
 template <int DK>
 __device__ __forceinline__ void store4_recur(const HeadView& h, StorageFormat f, int row, int col, const float* x,
-                                             formats::RoundingMode mode, uint64_t seed, uint64_t stream) {
+                                             formats::RoundingMode mode, uint64_t seed, uint64_t stream, float* residual) {
+  if (residual != nullptr) {
+    if (f == StorageFormat::fp16) store_piece_ef<StorageFormat::fp16, DK>(h, row, col, x, residual);
+    else store_piece_ef<StorageFormat::bf16, DK>(h, row, col, x, residual);
+    return;
+  }
   switch (f) {
     case StorageFormat::fp32: store_piece<StorageFormat::fp32, DK>(h, row, col, x, mode, seed, stream); break;
     case StorageFormat::fp16: store_piece<StorageFormat::fp16, DK>(h, row, col, x, mode, seed, stream); break;
@@ -350,20 +357,26 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
     const int vh = bg.vh0 + nn;
     const HeadView recur_view = head_view(A.recur, hb0 + nn, dv, DK);
     const uint64_t stream = sr_stream_device(bg.b, bg.g, vh, 0, win.flushes);
+    float* const recur_residual = A.recur_ef ? head_residual(A.recur, hb0 + nn, dv, DK) : nullptr;
+    float* const read_residual = A.split ? head_residual(A.read, hb0 + nn, dv, DK) : nullptr;
     if (valid)
 #pragma unroll
-      for (int p = 0; p < P; ++p) store4_recur<DK>(recur_view, A.recur.format, r, Geo::col(lane, p), x[p], A.recur_mode, A.seed, stream);
+      for (int p = 0; p < P; ++p)
+        store4_recur<DK>(recur_view, A.recur.format, r, Geo::col(lane, p), x[p], A.recur_mode, A.seed, stream, recur_residual);
     if (A.split && !lp_nvfp4)
-      store_read_row<DK, P, LPR>(head_view(A.read, hb0 + nn, dv, DK), A.read.format, r, lane, x, valid, {});
+      store_read_row<DK, P, LPR>(head_view(A.read, hb0 + nn, dv, DK), A.read.format, r, lane, x, valid, {}, read_residual);
     if (lp_nvfp4 && valid) {
       float m = 0.0f;
 #pragma unroll
-      for (int p = 0; p < P; ++p)
+      for (int p = 0; p < P; ++p) {
+        float e4[E];  // the LP copy's input is S + E with error feedback: its amax is taken over that
+        load_residual4<DK>(read_residual, r, Geo::col(lane, p), e4);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          const float ax = fabsf(x[p][e]);
+          const float ax = fabsf(read_residual ? __fadd_rn(x[p][e], e4[e]) : x[p][e]);
           if (ax < INFINITY && ax > m) m = ax;  // the tensor amax skips non-finite values, as the CPU's
         }
+      }
       atomicMax(&s_amax[nn], __float_as_uint(m));  // non-negative floats order as their bits
     }
   }
@@ -385,7 +398,8 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
         else for (int e = 0; e < E; ++e) y[p][e] = 0.0f;
       }
       const formats::Nvfp4TensorScale ts = formats::nvfp4_tensor_scale(__uint_as_float(s_amax[nn]));
-      store_read_row<DK, P, LPR>(head_view(A.read, hb0 + nn, dv, DK), StorageFormat::nvfp4, r, lane, y, valid, ts);
+      store_read_row<DK, P, LPR>(head_view(A.read, hb0 + nn, dv, DK), StorageFormat::nvfp4, r, lane, y, valid, ts,
+                                 head_residual(A.read, hb0 + nn, dv, DK));
     }
   }
   // One thread per (head, row): GDN solves the drafts' corrections (forward substitution of
@@ -456,8 +470,14 @@ void decode_detail::launch_split_verify(ssm::Recurrence kind, const DecodeShape&
   } else {
     NH = heads_per_block(shape, config.heads_per_block);
   }
-  SplitVerifyArgs A{shape, in, config.window, config.recur, config.read, config.split(),
-                    formats::element_rounding_mode(config.recur_rounding), config.seed, records, NH, max_committed};
+  const formats::RoundingMode recur_mode = checked_rounding(config.recur, config.recur_rounding, "recur");
+  if (config.split()) {
+    checked_rounding(config.read, config.read_rounding, "read");
+    if (config.read_rounding == formats::Rounding::sr)
+      throw std::invalid_argument("verification: the read (LP) copy rounds with RTN or ef, not SR");
+  }
+  const SplitVerifyArgs A{shape,   in,      config.window, config.recur, config.read, config.split(), recur_mode,
+                          config.seed, records, NH, max_committed, config.recur_rounding == formats::Rounding::ef};
   const dim3 grid(shape.value_heads / NH, shape.batch);
   const std::size_t smem =
       sizeof(float) * SplitVerifyLayout(max_committed, drafts, shape.dk, shape.dv, NH, kind == ssm::Recurrence::kda).total;

@@ -221,6 +221,22 @@ void print_shape(const ModelShape& s, const TrafficOptions& o, const Validated& 
   std::cout << "  (\"vs shared\" = bytes of a shared non-flush step / this one: the speed-up bound of a bandwidth-bound\n"
                "   non-flush kernel; the paper measures 1.61x / 2.82x / 3.83x for fp16 / fp8 / nvfp4 on Mamba-2)\n\n";
 
+  // ---- policy modifiers: error feedback, decay-based read skipping (docs/ERROR_FEEDBACK_AND_SKIP.md) ----
+  const double residual_bytes = 4.0 * s.dv * s.dk;
+  std::cout << "Policy modifiers, per head (docs/ERROR_FEEDBACK_AND_SKIP.md)\n";
+  std::cout << fmt::format(
+      "  +ef (error feedback): every write of an ef copy also reads and writes its fp32 residual, +{} B per write\n"
+      "    (per step conventional, per window of L = {} for a replay copy: {:.3f} of the {} replay window)\n",
+      group(2 * residual_bytes), L, 2 * residual_bytes / rep_t, sf_name);
+  std::cout << fmt::format(
+      "  ,skip=auto (appendix F): a non-flush step whose gamma_h is below the read copy's unit roundoff reads no\n"
+      "    checkpoint, saving the copy's bytes ({} {} B, fp16 {} B, fp8b128 {} B, nvfp4 {} B); a flush whose gamma_L\n"
+      "    is below the recur copy's is a pure write, saving {} B. Which steps skip depends on the decays:\n"
+      "    `replayssm info MODEL --decays --text-dir DIR` counts them per head class on real text.\n\n",
+      sf_name, group(static_cast<double>(M)), group(static_cast<double>(state_bytes(s.dv, s.dk, StorageFormat::fp16))),
+      group(static_cast<double>(state_bytes(s.dv, s.dk, StorageFormat::fp8b128))),
+      group(static_cast<double>(state_bytes(s.dv, s.dk, StorageFormat::nvfp4))), group(static_cast<double>(M)));
+
   // ---- speculative verification ----
   if (o.drafts > 0) {
     const int T = o.drafts;

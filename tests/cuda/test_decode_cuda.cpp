@@ -68,26 +68,26 @@ std::vector<Case> cases() {
 
 }  // namespace
 
-TEST_CASE("conventional decode kernels equal the CPU conventional decoder (fp32; fp16/bf16 state)") {
+TEST_CASE("conventional decode kernels equal the CPU conventional decoder (fp32; fp16/bf16 state, RTN and error feedback)") {
   int n = 0;
   for (const Case& c : cases()) {
-    for (StorageFormat f : {StorageFormat::fp32, StorageFormat::fp16, StorageFormat::bf16}) {
+    for (const char* policy_text : {"conv:fp32", "conv:fp16+rtn", "conv:bf16+rtn", "conv:fp16+ef", "conv:bf16+ef"}) {
       const DecodeShape& s = c.shape;
-      const auto policy = ssm::PrecisionPolicy::parse(f == StorageFormat::fp32 ? "conv:fp32"
-                                                     : f == StorageFormat::fp16 ? "conv:fp16+rtn"
-                                                                                : "conv:bf16+rtn");
+      const auto policy = ssm::PrecisionPolicy::parse(policy_text);
+      const StorageFormat f = policy.recur.format;
+      const bool ef = policy.recur.rounding == formats::Rounding::ef;
       std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu;
       for (int b = 0; b < s.batch; ++b)
         for (int g = 0; g < s.key_heads; ++g)
           cpu.push_back(ssm::make_decoder({c.kind, s.dk, s.dv, s.heads_per_group()}, policy,
                                           {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
-      StateBuffers state(f, s);
+      StateBuffers state(f, s, ef);
       InputGen gen(test::kBaseSeed + 7000 + n, c.slow_decay);
       Collected meter;
       for (int step = 0; step < 48; ++step) {
         const HostStep h = gen.make(c.kind, s, 1);
         DeviceStep d(h, s.heads() * s.dv);
-        cuda::conventional_step(c.kind, s, d.inputs(), state.view, nullptr);
+        cuda::conventional_step(c.kind, s, d.inputs(), state.view, nullptr, policy.recur.rounding);
         REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
         const auto out = d.out.download();
         for (int b = 0; b < s.batch; ++b)
@@ -102,7 +102,7 @@ TEST_CASE("conventional decode kernels equal the CPU conventional decoder (fp32;
       const double tol = f == StorageFormat::fp32 ? 1e-5 : f == StorageFormat::fp16 ? 2e-3 : 2e-2;
       const auto close = meter.close(tol, "conventional vs CPU");
       std::printf("conventional %s %s B=%d G=%d H=%d dk=%d dv=%d: max |d|/allowed %.2f (tol %.0e)\n",
-                  std::string(ssm::to_string(c.kind)).c_str(), std::string(formats::to_string(f)).c_str(), s.batch,
+                  std::string(ssm::to_string(c.kind)).c_str(), policy_text, s.batch,
                   s.key_heads, s.value_heads, s.dk, s.dv, close.max_excess, tol);
       if (f == StorageFormat::fp32)
         CHECK_CLOSE(close);
@@ -201,6 +201,148 @@ TEST_CASE("ReplaySSM decode kernels equal the CPU decoders: shared fp32 and spli
       else
         check_with_flips(meter, close, "replay vs CPU");
       CHECK(read_mismatch == 0);
+      ++n;
+    }
+  }
+}
+
+// Error feedback (+ef) and appendix F skipping in standard decode. The skip decisions are recomputed
+// here from the generated decays in the CPU decoders' order (gamma = a_0 a_1 ... a_h in float32), so
+// the case fails if a skip policy never skipped a read (or, where the decays allow, a flush). The
+// ef LP copies written at a flush from an FP32 recur copy are checked bit for bit together with
+// their residuals: LP = Q_rtn(HP + E_before), E_after = (HP + E_before) - LP.
+TEST_CASE("ReplaySSM decode kernels with error feedback and appendix F skipping equal the CPU decoders") {
+  int n = 0;
+  const char* policies[] = {"shared:fp16+ef@16",
+                            "split:nvfp4+ef/fp32@16",
+                            "split:fp8b128+ef/fp32@16",
+                            "split:fp16+ef/fp32@8",
+                            "split:nvfp4+rtn/fp16+ef@16",
+                            "shared:fp32@64,skip=auto",
+                            "shared:fp16@16,skip=auto",
+                            "split:nvfp4/fp32@16,skip=auto",
+                            "split:fp8b128/fp32@16,skip=auto",
+                            "split:nvfp4+ef/fp32@64,skip=auto",
+                            "split:fp16/fp32@8,skip=0.01"};
+  for (const Case& c : cases()) {
+    for (const char* policy_text : policies) {
+      const DecodeShape& s = c.shape;
+      const auto policy = ssm::PrecisionPolicy::parse(policy_text);
+      if (policy.read.format == StorageFormat::fp8b128 && s.dk % 128) continue;
+      const int L = policy.window;
+      const bool split = policy.scheme == ssm::DecodeScheme::split;
+      const bool skipping = policy.skip.mode != ssm::CheckpointSkip::Mode::off;
+      const bool recur_ef = policy.recur.rounding == formats::Rounding::ef;
+      const bool read_ef = split && policy.read.rounding == formats::Rounding::ef;
+      std::vector<cuda::WindowState> initial(s.batch);
+      for (int b = 0; b < s.batch; ++b) initial[b].h = b % L;
+      std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu;
+      HostStep neutral;
+      neutral.tokens = 1;
+      neutral.qf.assign(static_cast<std::size_t>(s.batch) * s.key_heads * s.dk, 0.0f);
+      neutral.kf = neutral.qf;
+      neutral.vf.assign(static_cast<std::size_t>(s.batch) * s.value_heads * s.dv, 0.0f);
+      neutral.alpha.assign(static_cast<std::size_t>(s.batch) * s.value_heads, 1.0f);
+      neutral.beta.assign(neutral.alpha.size(), 0.5f);
+      for (int b = 0; b < s.batch; ++b)
+        for (int g = 0; g < s.key_heads; ++g) {
+          cpu.push_back(ssm::make_decoder({c.kind, s.dk, s.dv, s.heads_per_group()}, policy,
+                                          {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
+          std::vector<float> scratch(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+          for (int w = 0; w < b % L; ++w) cpu.back()->step(group_token(neutral, s, b, g, 0), scratch.data());
+        }
+      StateBuffers recur_buf(policy.recur.format, s, recur_ef);
+      std::unique_ptr<StateBuffers> read_buf;
+      cuda::ReplayConfig config;
+      config.window = L;
+      config.recur = recur_buf.view;
+      config.recur_rounding = policy.recur.rounding;
+      config.seed = policy.seed;
+      config.heads_per_block = c.heads_per_block;
+      config.skip_threshold_read = policy.skip.threshold_for(split ? policy.read : policy.recur);
+      config.skip_threshold_flush = policy.skip.threshold_for(policy.recur);
+      if (split) {
+        read_buf = std::make_unique<StateBuffers>(policy.read.format, s, read_ef);
+        config.read = read_buf->view;
+        config.read_rounding = policy.read.rounding;
+      }
+      RecordBuffers rec(s, L, initial);
+      // Skip policies: alternate slow and fast heads, so blocks hold heads that skip and heads that do not.
+      InputGen gen(test::kBaseSeed + 9500 + n, skipping ? test::Decays::mixed : c.slow_decay ? test::Decays::slow
+                                                                                             : test::Decays::fast);
+      std::vector<float> gamma(s.heads(), 1.0f);  // the host's running gamma per (sequence, value head)
+      std::vector<int> position(s.batch);
+      for (int b = 0; b < s.batch; ++b) position[b] = b % L;
+      int steps_skipped = 0, flushes_skipped = 0, flushes = 0;
+      Collected meter;
+      int read_checks = 0, read_mismatch = 0;
+      const std::size_t state_elems = s.heads() * s.head_elements();
+      for (int step = 0; step < 3 * L + 5; ++step) {
+        const HostStep h = gen.make(c.kind, s, 1);
+        for (int b = 0; b < s.batch; ++b) {
+          const bool flush = position[b] + 1 >= L;
+          flushes += flush;
+          for (int hd = 0; hd < s.value_heads; ++hd) {
+            const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd;
+            gamma[head] *= h.alpha[head];
+            const float threshold = flush ? config.skip_threshold_flush : config.skip_threshold_read;
+            if (threshold > 0.0f && gamma[head] < threshold) (flush ? flushes_skipped : steps_skipped) += 1;
+            if (flush) gamma[head] = 1.0f;
+          }
+          position[b] = flush ? 0 : position[b] + 1;
+        }
+        std::vector<float> residual_before;
+        if (read_ef) residual_before = read_buf->residual.download();
+        DeviceStep d(h, s.heads() * s.dv);
+        cuda::replay_step(c.kind, s, d.inputs(), config, rec.view, nullptr);
+        REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto out = d.out.download();
+        for (int b = 0; b < s.batch; ++b)
+          for (int g = 0; g < s.key_heads; ++g) {
+            std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+            cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
+            const std::size_t off = (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv;
+            meter.add(out, off, ref);
+          }
+        if (split && policy.recur.format == StorageFormat::fp32) {
+          std::vector<float> recur_host(state_elems);
+          REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), recur_buf.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
+          const ReadCopyHost read_copy(*read_buf);
+          const std::vector<float> residual_after = read_ef ? read_buf->residual.download() : std::vector<float>{};
+          for (int b = 0; b < s.batch; ++b) {
+            if ((b % L + step + 1) % L != 0) continue;  // not flushed at this step
+            for (int hd = 0; hd < s.value_heads; ++hd) {
+              const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd;
+              const std::size_t at = head * s.head_elements();
+              const bool same = read_copy.equals_quantized(&recur_host[at], s.dv, s.dk, head,
+                                                           read_ef ? &residual_before[at] : nullptr,
+                                                           read_ef ? &residual_after[at] : nullptr);
+              ++read_checks;
+              read_mismatch += !same;
+            }
+          }
+        }
+      }
+      const bool fp32_path = !split && policy.recur.format == StorageFormat::fp32;
+      const double tol = fp32_path ? 1e-5 : policy.recur.format == StorageFormat::fp32 ? 5e-3 : 2e-2;
+      const auto close = meter.close(tol, "replay (ef / skip) vs CPU");
+      std::printf("replay %s %-32s B=%d G=%d H=%d dk=%d dv=%d NH=%d: max |d|/allowed %.2f (tol %.0e), skipped %d reads, "
+                  "%d of %d flushes%s\n",
+                  std::string(ssm::to_string(c.kind)).c_str(), policy_text, s.batch, s.key_heads, s.value_heads, s.dk, s.dv,
+                  c.heads_per_block, close.max_excess, tol, steps_skipped, flushes_skipped, flushes,
+                  read_checks ? (", LP copies (and residuals) bit-equal: " + std::to_string(read_checks - read_mismatch) + "/" +
+                               std::to_string(read_checks)).c_str()
+                            : "");
+      if (fp32_path)
+        CHECK_CLOSE(close);
+      else
+        check_with_flips(meter, close, "replay (ef / skip) vs CPU");
+      CHECK(read_mismatch == 0);
+      if (skipping) {
+        CHECK(steps_skipped > 0);  // a skip test that never skips tests nothing
+        // fp32@64 and fp16@16 flushes of the fast heads fall below their recur copy's threshold.
+        if (std::string(policy_text).rfind("shared:", 0) == 0) CHECK(flushes_skipped > 0);
+      }
       ++n;
     }
   }
