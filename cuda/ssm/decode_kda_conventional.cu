@@ -13,7 +13,9 @@ namespace {
 // Per row r (rows are independent): u_r = b (v_r - S_r . (a . k)); S_r <- S_r . a + u_r k
 // (element-wise, both products rounded and then added, as ssm::decay_and_add); o_r = S_r . q.
 // The a . k product is rounded once per element, as ssm::correction forms it.
-template <StorageFormat F, int DK>
+// kEf: error feedback (+ef) on an fp16/bf16 state, the residual in state.residual
+// (ssm::ConventionalDecoder::step's quantize_state with a residual).
+template <StorageFormat F, int DK, bool kEf>
 __global__ void __launch_bounds__(kThreads) kda_conventional_kernel(DecodeShape shape, StepInputs in, DeviceState state) {
   using T = Tile<StorageFormat::fp32, DK>;  // 4 elements per piece whatever the storage width
   constexpr int E = T::E, P = T::P, LPR = T::LPR, RW = T::RW;
@@ -31,6 +33,7 @@ __global__ void __launch_bounds__(kThreads) kda_conventional_kernel(DecodeShape 
   const float beta = in.beta[geo.hb];
   const __nv_bfloat16* v = in.v + geo.hb * geo.dv;
   const HeadView hv = head_view(state, geo.hb, geo.dv, DK);
+  float* const residual = kEf ? head_residual(state, geo.hb, geo.dv, DK) : nullptr;
   const int iterations = (geo.dv + kWarps * RW - 1) / (kWarps * RW);
   for (int it0 = 0; it0 < iterations; it0 += kBatch) {  // uniform per warp: the row sums shuffle
     float x[kBatch][P][E];
@@ -62,8 +65,10 @@ __global__ void __launch_bounds__(kThreads) kda_conventional_kernel(DecodeShape 
       o = row_sum<LPR>(o);
       if (valid) {
 #pragma unroll
-        for (int p = 0; p < P; ++p)
-          store_piece<F, DK>(hv, rows[j], T::col(lane, p), x[j][p], formats::RoundingMode::nearest_even, 0, 0);
+        for (int p = 0; p < P; ++p) {
+          if constexpr (kEf) store_piece_ef<F, DK>(hv, rows[j], T::col(lane, p), x[j][p], residual);
+          else store_piece<F, DK>(hv, rows[j], T::col(lane, p), x[j][p], formats::RoundingMode::nearest_even, 0, 0);
+        }
         if (lane % LPR == 0) in.out[geo.hb * geo.dv + rows[j]] = o;
       }
     }
@@ -75,22 +80,24 @@ __global__ void __launch_bounds__(kThreads) kda_conventional_kernel(DecodeShape 
 void kda_detail::conventional_step(const DecodeShape& shape, const StepInputs& in, DeviceState state, cudaStream_t stream,
                                    formats::Rounding rounding) {
   check_shape(shape);
-  if (checked_rounding(state, rounding, "conventional") != formats::RoundingMode::nearest_even ||
-      rounding == formats::Rounding::ef)
-    throw std::invalid_argument("kda conventional decode rounds with RTN only");
+  if (checked_rounding(state, rounding, "conventional") == formats::RoundingMode::stochastic)
+    throw std::invalid_argument("kda conventional decode rounds with RTN or ef (error feedback), not SR");
   check_kda_inputs(in, 0);
   if (state.payload == nullptr) throw std::invalid_argument("kda conventional decode: DeviceState::payload is required");
+  const bool ef = rounding == formats::Rounding::ef;  // checked_rounding: fp16/bf16 with a residual
   const dim3 grid(shape.value_heads, shape.batch);
   with_dk(shape.dk, [&](auto DK) {
     switch (state.format) {
       case StorageFormat::fp32:
-        kda_conventional_kernel<StorageFormat::fp32, DK()><<<grid, kThreads, 0, stream>>>(shape, in, state);
+        kda_conventional_kernel<StorageFormat::fp32, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state);
         break;
       case StorageFormat::fp16:
-        kda_conventional_kernel<StorageFormat::fp16, DK()><<<grid, kThreads, 0, stream>>>(shape, in, state);
+        if (ef) kda_conventional_kernel<StorageFormat::fp16, DK(), true><<<grid, kThreads, 0, stream>>>(shape, in, state);
+        else kda_conventional_kernel<StorageFormat::fp16, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state);
         break;
       case StorageFormat::bf16:
-        kda_conventional_kernel<StorageFormat::bf16, DK()><<<grid, kThreads, 0, stream>>>(shape, in, state);
+        if (ef) kda_conventional_kernel<StorageFormat::bf16, DK(), true><<<grid, kThreads, 0, stream>>>(shape, in, state);
+        else kda_conventional_kernel<StorageFormat::bf16, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state);
         break;
       default: throw std::invalid_argument("kda conventional decode: DeviceState::format must be fp32, fp16 or bf16");
     }

@@ -3,7 +3,8 @@
 // and the flush kernel (REPLAY from the recur checkpoint, writing it and, split, the LP copy), launched
 // one after the other over the same grid of (value head, sequence) blocks, as decode_replay.cu does
 // for Mamba-2 and GDN. Window bookkeeping (WindowState, ring slots, the flush test h + 1 >= L) is the
-// same as theirs, so commit_step and verify_step share the ring.
+// same as theirs, so commit_step and verify_step share the ring. Both kernels also implement error
+// feedback on the copies they write (+ef) and appendix F's decay-based checkpoint-read skipping.
 #include "ssm/decode_kda.cuh"
 
 namespace replayssm::cuda {
@@ -14,11 +15,124 @@ using namespace decode_detail;
 
 namespace {
 
+// ---- what both kernels share -----------------------------------------------------------------
+// Appendix F: gamma of window positions 0..last (the current token's decay included), the float32
+// product of the decay vectors in token order starting at position 0, largest over the key channels,
+// exactly as ssm::ReplayDecoderBase::skips_checkpoint_read forms it (gamma = a_0, then gamma *= a_j
+// for j = 1..last), so that the skip decision is bit-identical to the CPU decoders'. One thread per
+// channel multiplies sequentially, then a block max (exact). Whole block (block_max synchronises).
+template <int DK, class AlphaAt>
+__device__ __forceinline__ float kda_window_gamma(int last, AlphaAt&& alpha, float* scratch) {
+  float m = 0.0f;
+  for (int c = threadIdx.x; c < DK; c += kThreads) {
+    float g = alpha(0)[c];
+    for (int p = 1; p <= last; ++p) g *= alpha(p)[c];
+    m = fmaxf(m, g);
+  }
+  return block_max(m, scratch);
+}
+
+// The raw records of window positions 0..h0 of the block's value head, staged for kda_replay_row:
+// keys [h0+1][DK] (fp32), decays [h0+1][DK], v [h0+1][dv] (fp32), betas [h0+1]. Position h0 is the
+// current token, read from the step's inputs (key_at / alpha_at return those for p == h0).
+template <int DK, class KeyAt, class AlphaAt>
+__device__ __forceinline__ void kda_stage_raw_records(const ReplayArgs& A, const KdaBlock& kb, const WindowState& win,
+                                                      int h0, KeyAt&& key_at, AlphaAt&& alpha_at, float* keys,
+                                                      float* alphas, float* vals, float* betas) {
+  const int dv = kb.dv;
+  for (int i = threadIdx.x; i < (h0 + 1) * DK; i += kThreads) {
+    const int p = i / DK, c = i % DK;
+    keys[i] = __bfloat162float(key_at(p)[c]);
+    alphas[i] = alpha_at(p)[c];
+  }
+  for (int i = threadIdx.x; i < (h0 + 1) * dv; i += kThreads) {
+    const int p = i / dv, r = i % dv;
+    vals[i] = __bfloat162float(p == h0 ? A.in.v[kb.hb * dv + r]
+                                       : A.rec.v[(ring_slot(A.rec, kb.b, win, p) * kb.H + kb.head) * dv + r]);
+  }
+  for (int p = threadIdx.x; p <= h0; p += kThreads)
+    betas[p] = p == h0 ? A.in.beta[kb.hb] : A.rec.beta[ring_slot(A.rec, kb.b, win, p) * kb.H + kb.head];
+}
+
+// REPLAY of window positions 0..h0 on one state row, held in the lane's pieces x (fp32 tile
+// geometry), with every u recomputed sequentially from the staged raw records (ssm::replay with
+// recompute_from = 0, the element-wise operations of ssm::correction and ssm::decay_and_add):
+//   u_j = b_j (v_j - x (a_j . k_j)),  x <- x Diag(a_j) + u_j k_j^T.
+// Returns u_{h0} (every lane of the row holds it). Uniform per warp: the row sums shuffle.
+template <int DK>
+__device__ __forceinline__ float kda_replay_row(float (*x)[4], int h0, int row, bool valid, int dv, const float* keys,
+                                                const float* alphas, const float* vals, const float* betas, int lane) {
+  using T = Tile<StorageFormat::fp32, DK>;
+  constexpr int E = 4, P = T::P, LPR = T::LPR;
+  float u = 0.0f;
+  for (int j = 0; j <= h0; ++j) {
+    float a4[P][E], k4[P][E], ak[P][E];
+    load_lane_f32<P, LPR>(alphas + static_cast<std::size_t>(j) * DK, lane, a4);
+    load_lane_f32<P, LPR>(keys + static_cast<std::size_t>(j) * DK, lane, k4);
+    float sk = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) ak[p][e] = a4[p][e] * k4[p][e];
+      sk = dot_acc<E>(x[p], ak[p], sk);
+    }
+    sk = row_sum<LPR>(sk);
+    u = betas[j] * ((valid ? vals[static_cast<std::size_t>(j) * dv + row] : 0.0f) - sk);
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int e = 0; e < E; ++e) x[p][e] = x[p][e] * a4[p][e] + u * k4[p][e];
+  }
+  return u;
+}
+
 // ---- non-flush step --------------------------------------------------------------------------
-// Shared memory (floats): kw [L][DK], yq [DK], yk [DK], u [L][dv], c1 [L], c2 [L], rows1 [dv], rows2 [dv].
-std::size_t nonflush_shared_floats(int L, int DK, int dv) {
-  return static_cast<std::size_t>(L) * DK + 2 * static_cast<std::size_t>(DK) + static_cast<std::size_t>(L) * dv + 2 * L +
-         2 * static_cast<std::size_t>(dv);
+// Shared memory (floats): scratch [kWarps], then either the output-only form's kw [L][DK], yq [DK],
+// yk [DK], u [L][dv], c1 [L], c2 [L], rows1 [dv], rows2 [dv], or (appendix F, a skipped read; only
+// when skipping is on) the raw records' keys [L][DK], decays [L][DK], v [L][dv], betas [L].
+std::size_t nonflush_shared_floats(int L, int DK, int dv, bool skipping) {
+  const std::size_t output_only = static_cast<std::size_t>(L) * DK + 2 * static_cast<std::size_t>(DK) +
+                                  static_cast<std::size_t>(L) * dv + 2 * L + 2 * static_cast<std::size_t>(dv);
+  const std::size_t raw = 2 * static_cast<std::size_t>(L) * DK + static_cast<std::size_t>(L) * dv + L;
+  return kWarps + (skipping ? std::max(output_only, raw) : output_only);
+}
+
+// Appendix F, a non-flush step of one value head whose gamma is below the read copy's threshold
+// (ssm::ReplayDecoderBase::step, the skipped branch): the read checkpoint is not read at all;
+// S = REPLAY(0, B[1:h0+1]) with every u recomputed from the zero state, o = S q_t, and the
+// recomputed u of the current token goes to the ring (ring_.set_u(h, g, rec.U.row(h))).
+// `base`: the block's shared memory after the scratch.
+template <int DK, class KeyAt, class AlphaAt>
+__device__ __forceinline__ void kda_nonflush_skipped(const ReplayArgs& A, const KdaBlock& kb, const WindowState& win,
+                                                     int h0, std::size_t slot_t, float* base, KeyAt&& key_at,
+                                                     AlphaAt&& alpha_at) {
+  using T = Tile<StorageFormat::fp32, DK>;
+  constexpr int E = 4, P = T::P, LPR = T::LPR, RW = T::RW;
+  const int L = A.window, dv = kb.dv;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* keys = base;                                        // [L][DK]
+  float* alphas = keys + static_cast<std::size_t>(L) * DK;   // [L][DK]
+  float* vals = alphas + static_cast<std::size_t>(L) * DK;   // [L][dv]
+  float* betas = vals + static_cast<std::size_t>(L) * dv;    // [L]
+  kda_stage_raw_records<DK>(A, kb, win, h0, key_at, alpha_at, keys, alphas, vals, betas);
+  __syncthreads();
+  float qv[P][E];
+  load_lane_vector<E, P, LPR>(A.in.q + (static_cast<std::size_t>(kb.b) * kb.G + kb.g) * DK, lane, qv);
+  const int iterations = (dv + kWarps * RW - 1) / (kWarps * RW);
+  for (int it = 0; it < iterations; ++it) {  // uniform per warp: the row sums shuffle
+    const int row = (it * kWarps + warp) * RW + T::row_in_iteration(lane);
+    const bool valid = row < dv;
+    float x[P][E] = {};  // the zero state
+    const float u = kda_replay_row<DK>(x, h0, row, valid, dv, keys, alphas, vals, betas, lane);
+    float o = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) o = dot_acc<E>(x[p], qv[p], o);
+    o = row_sum<LPR>(o);
+    if (valid && lane % LPR == 0) {
+      A.in.out[kb.hb * dv + row] = o;
+      A.rec.u[(slot_t * kb.H + kb.head) * dv + row] = u;
+    }
+  }
 }
 
 // Non-flush step of one value head, the output-only form with T = 1 (REPLAYSSM.md sections 2-3,
@@ -37,7 +151,8 @@ __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   if (win.h + 1 >= A.window) return;  // the flush kernel's sequence
   const int L = A.window, h0 = win.h, dv = kb.dv;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* kw = smem;                                      // [L][DK] weighted keys
+  float* scratch = smem;                                 // [kWarps]
+  float* kw = scratch + kWarps;                          // [L][DK] weighted keys
   float* yq = kw + static_cast<std::size_t>(L) * DK;     // [DK] G . q_t
   float* yk = yq + DK;                                   // [DK] G . k_t
   float* vals = yk + DK;                                 // [L][dv] cached u_p
@@ -53,11 +168,17 @@ __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   kda_write_record<DK>(A.rec, slot_t, kb.H, kb.G, kb.head, kb.g, kb.vh == 0, dv, k_t, A.in.v + kb.hb * dv, a_t,
                        A.in.beta[kb.hb]);
 
-  // Record phase: weighted keys and G (one thread per channel), the cached corrections.
   auto key_at = [&](int p) { return p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, kb.b, win, p) * kb.G + kb.g) * DK; };
   auto alpha_at = [&](int p) -> const float* {
     return p == h0 ? a_t : kda_record_alpha(A.rec, ring_slot(A.rec, kb.b, win, p), kb.H, kb.head, DK);
   };
+  // Appendix F against the threshold of the copy this step reads (block-uniform: one value head).
+  if (A.skip_read > 0.0f && kda_window_gamma<DK>(h0, alpha_at, scratch) < A.skip_read) {
+    kda_nonflush_skipped<DK>(A, kb, win, h0, slot_t, kw, key_at, alpha_at);
+    return;
+  }
+
+  // Record phase: weighted keys and G (one thread per channel), the cached corrections.
   kda_weighted_keys<DK>(h0, key_at, alpha_at, kw, [&](int c, float gc) {
     yq[c] = __bfloat162float(q_t[c]) * gc;  // the Y rows of ssm::output_only: q . G, k . G
     yk[c] = __bfloat162float(k_t[c]) * gc;
@@ -135,22 +256,29 @@ __global__ void __launch_bounds__(kThreads) kda_nonflush_kernel(ReplayArgs A) {
 }
 
 // ---- flush step ------------------------------------------------------------------------------
-// Shared memory (floats): keys [S][DK], split: decays [S][DK], G [DK], vals [S][dv], betas [S],
-// scratch [kWarps]; S = the launch's `stage`.
-std::size_t flush_shared_floats(int S, int DK, int dv, bool split) {
-  return (split ? 2 : 1) * static_cast<std::size_t>(S) * DK + DK + static_cast<std::size_t>(S) * dv + S + kWarps;
+// Shared memory (floats): scratch [kWarps], keys [S][DK], decays [S][DK] (raw layout), G [DK],
+// vals [S][dv], betas [S]; S = the launch's `stage`. The raw layout (u recomputed from the raw
+// records) serves split flushes and, when skipping is on, skipped flushes of shared ones.
+std::size_t flush_shared_floats(int S, int DK, int dv, bool raw_layout) {
+  return kWarps + (raw_layout ? 2 : 1) * static_cast<std::size_t>(S) * DK + DK + static_cast<std::size_t>(S) * dv + S;
 }
 
 // Flush of one value head (h0 + 1 >= L; more than L records only after a verification commit):
-// S = REPLAY(S_ckpt^recur, B[1:h0+1]), o = S q, then the recur copy (RTN or SR) and, split, the read
-// (LP, RTN) copy are written. Rows are independent; each lane group holds one row in registers.
+// S = REPLAY(S_ckpt^recur, B[1:h0+1]), o = S q, then the recur copy (RTN, SR or ef) and, split, the
+// read (LP, RTN or ef) copy are written. Rows are independent; each lane group holds one row in
+// registers.
 //   shared: the cached u_p of the committed records in the closed form of section 2 with
 //           channel-wise weights, S_{t-1} Diag(a_t) = S_ckpt Diag(G) + sum_{p<t} u_p (W_p . k_p)^T
 //           (W_p, G up to and including a_t), then the current token: u_t = b_t (v_t - S_{t-1}
 //           Diag(a_t) k_t), S_t = S_{t-1} Diag(a_t) + u_t k_t^T (Algorithm 4 lines 1-4);
 //   split:  every u_p recomputed on the recur (HP) path from the raw records, sequentially from
 //           S_ckpt^HP (REPLAYSSM.md section 4: u_j^HP = b_j (v_j - S_{j-1}^HP (a_j . k_j))), with the
-//           element-wise operations of ssm::correction / ssm::decay_and_add.
+//           element-wise operations of ssm::correction / ssm::decay_and_add;
+//   skipped (appendix F, gamma of the h0 + 1 records below the recur copy's threshold; shared or
+//           split): the recur checkpoint is not read, S = REPLAY(0, B[1:h0+1]) with every u
+//           recomputed from the zero state, and both copies are written from it (a pure write).
+// Error feedback (ssm::ReplayDecoderBase::write_checkpoints, quantize_state with a residual): each
+// copy that has a residual stores Q_rtn(S + E) and keeps E <- (S + E) - Q_rtn(S + E).
 template <StorageFormat F, int DK>
 __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
   extern __shared__ float smem[];
@@ -174,13 +302,14 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
   // The current record is not appended to the ring: the flush drops all h0 + 1 records.
   const int h0 = win.h, S = A.stage, dv = kb.dv;
   const bool split = A.split;
+  const bool raw_layout = split || A.skip_flush > 0.0f;  // as the launcher sized the shared memory
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* keys = smem;                                                    // [S][DK]
-  float* alphas = keys + static_cast<std::size_t>(S) * DK;               // [S][DK] (split)
-  float* gdec = alphas + (split ? static_cast<std::size_t>(S) * DK : 0);  // [DK] (shared)
-  float* vals = gdec + DK;                                               // [S][dv]
-  float* betas = vals + static_cast<std::size_t>(S) * dv;                // [S] (split)
-  float* scratch = betas + S;                                            // [kWarps]
+  float* scratch = smem;                                                      // [kWarps]
+  float* keys = scratch + kWarps;                                             // [S][DK]
+  float* alphas = keys + static_cast<std::size_t>(S) * DK;                    // [S][DK] (raw layout)
+  float* gdec = alphas + (raw_layout ? static_cast<std::size_t>(S) * DK : 0);  // [DK] (closed form)
+  float* vals = gdec + DK;                                                    // [S][dv]
+  float* betas = vals + static_cast<std::size_t>(S) * dv;                     // [S] (raw layout)
   const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(kb.b) * kb.G + kb.g) * DK;
   const __nv_bfloat16* q_t = A.in.q + (static_cast<std::size_t>(kb.b) * kb.G + kb.g) * DK;
   const float* a_t = kda_step_alpha(A.in.alpha, kb.hb, DK);
@@ -190,23 +319,17 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
   auto alpha_at = [&](int p) -> const float* {
     return p == h0 ? a_t : kda_record_alpha(A.rec, slot_of(p), kb.H, kb.head, DK);
   };
-  if (!split) {
+  // Appendix F against the recur copy's threshold (block-uniform: one value head per block).
+  const bool skip = A.skip_flush > 0.0f && kda_window_gamma<DK>(h0, alpha_at, scratch) < A.skip_flush;
+  const bool recompute = split || skip;  // every u recomputed from the raw records
+  if (!recompute) {
     kda_weighted_keys<DK>(h0, key_at, alpha_at, keys, [&](int c, float gc) { gdec[c] = gc; });
     for (int i = threadIdx.x; i < h0 * dv; i += kThreads) {
       const int p = i / dv, r = i % dv;
       vals[i] = A.rec.u[(slot_of(p) * kb.H + kb.head) * dv + r];
     }
   } else {
-    for (int i = threadIdx.x; i < (h0 + 1) * DK; i += kThreads) {
-      const int p = i / DK, c = i % DK;
-      keys[i] = __bfloat162float(key_at(p)[c]);
-      alphas[i] = alpha_at(p)[c];
-    }
-    for (int i = threadIdx.x; i < (h0 + 1) * dv; i += kThreads) {
-      const int p = i / dv, r = i % dv;
-      vals[i] = __bfloat162float(p == h0 ? A.in.v[kb.hb * dv + r] : A.rec.v[(slot_of(p) * kb.H + kb.head) * dv + r]);
-    }
-    for (int p = threadIdx.x; p <= h0; p += kThreads) betas[p] = p == h0 ? beta_t : A.rec.beta[slot_of(p) * kb.H + kb.head];
+    kda_stage_raw_records<DK>(A, kb, win, h0, key_at, alpha_at, keys, alphas, vals, betas);
   }
   __syncthreads();
 
@@ -215,9 +338,11 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
   float kv[P][E], qv[P][E], gv[P][E];
   load_lane_vector<E, P, LPR>(k_t, lane, kv);
   load_lane_vector<E, P, LPR>(q_t, lane, qv);
-  if (!split) load_lane_f32<P, LPR>(gdec, lane, gv);
+  if (!recompute) load_lane_f32<P, LPR>(gdec, lane, gv);
   const HeadView recur_view = head_view(A.recur, kb.hb, dv, DK);
   const HeadView read_view = split ? head_view(A.read, kb.hb, dv, DK) : HeadView{};
+  float* const recur_residual = head_residual(A.recur, kb.hb, dv, DK);  // set exactly with ef (make_replay_args)
+  float* const read_residual = split ? head_residual(A.read, kb.hb, dv, DK) : nullptr;
   const uint64_t recur_stream = sr_stream_device(kb.b, kb.g, kb.vh, 0, win.flushes);
   const bool need_amax = split && A.read.format == StorageFormat::nvfp4;
   float local_amax = 0.0f;
@@ -228,10 +353,10 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
     float x[P][E];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-      if (valid) load4<F, DK>(recur_view, row, T::col(lane, p), x[p]);
+      if (valid && !skip) load4<F, DK>(recur_view, row, T::col(lane, p), x[p]);
       else x[p][0] = x[p][1] = x[p][2] = x[p][3] = 0.0f;
     }
-    if (!split) {
+    if (!recompute) {
 #pragma unroll
       for (int p = 0; p < P; ++p)
 #pragma unroll
@@ -257,24 +382,7 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
 #pragma unroll
         for (int e = 0; e < E; ++e) x[p][e] = x[p][e] + u * kv[p][e];
     } else {
-      for (int j = 0; j <= h0; ++j) {
-        float a4[P][E], k4[P][E], ak[P][E];
-        load_lane_f32<P, LPR>(alphas + static_cast<std::size_t>(j) * DK, lane, a4);
-        load_lane_f32<P, LPR>(keys + static_cast<std::size_t>(j) * DK, lane, k4);
-        float sk = 0.0f;
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-#pragma unroll
-          for (int e = 0; e < E; ++e) ak[p][e] = a4[p][e] * k4[p][e];
-          sk = dot_acc<E>(x[p], ak[p], sk);
-        }
-        sk = row_sum<LPR>(sk);
-        const float u = betas[j] * ((valid ? vals[static_cast<std::size_t>(j) * dv + row] : 0.0f) - sk);
-#pragma unroll
-        for (int p = 0; p < P; ++p)
-#pragma unroll
-          for (int e = 0; e < E; ++e) x[p][e] = x[p][e] * a4[p][e] + u * k4[p][e];
-      }
+      kda_replay_row<DK>(x, h0, row, valid, dv, keys, alphas, vals, betas, lane);
     }
     float o = 0.0f;
 #pragma unroll
@@ -284,20 +392,30 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
       if (lane % LPR == 0) A.in.out[kb.hb * dv + row] = o;
 #pragma unroll
       for (int p = 0; p < P; ++p) {
-        store_piece<F, DK>(recur_view, row, T::col(lane, p), x[p], A.recur_mode, A.seed, recur_stream);
-        if (need_amax)
+        const int col = T::col(lane, p);
+        if constexpr (F == StorageFormat::fp16) {
+          if (recur_residual != nullptr) store_piece_ef<F, DK>(recur_view, row, col, x[p], recur_residual);
+          else store_piece<F, DK>(recur_view, row, col, x[p], A.recur_mode, A.seed, recur_stream);
+        } else {
+          store_piece<F, DK>(recur_view, row, col, x[p], A.recur_mode, A.seed, recur_stream);
+        }
+        if (need_amax) {
+          // The tensor amax of the value the LP write quantizes: y = S + E_read with ef.
+          float y[E];
+          load_residual4<DK>(read_residual, row, col, y);
 #pragma unroll
           for (int e = 0; e < E; ++e) {
-            const float ax = fabsf(x[p][e]);
+            const float ax = fabsf(read_residual != nullptr ? __fadd_rn(x[p][e], y[e]) : x[p][e]);
             if (ax < INFINITY && ax > local_amax) local_amax = ax;
           }
+        }
       }
     }
-    if (split && !need_amax) store_read_row<DK, P, LPR>(read_view, A.read.format, row, lane, x, valid, {});
+    if (split && !need_amax) store_read_row<DK, P, LPR>(read_view, A.read.format, row, lane, x, valid, {}, read_residual);
   }
   if (need_amax) {
     // NVFP4 LP copy: the tensor scale needs the head's amax first; then re-read the recur rows this
-    // block just wrote (fp32, the launcher requires it) and quantize them.
+    // block just wrote (fp32, the launcher requires it) and quantize them, adding the same residual.
     const float amax = block_max(local_amax, scratch);
     const formats::Nvfp4TensorScale ts = formats::nvfp4_tensor_scale(amax);
     if (threadIdx.x == 0) *read_view.tensor_scale_out = ts.decode;
@@ -311,7 +429,7 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
         if (valid) load4<F, DK>(recur_view, row, T::col(lane, p), y[p]);
         else y[p][0] = y[p][1] = y[p][2] = y[p][3] = 0.0f;
       }
-      store_read_row<DK, P, LPR>(read_view, StorageFormat::nvfp4, row, lane, y, valid, ts);
+      store_read_row<DK, P, LPR>(read_view, StorageFormat::nvfp4, row, lane, y, valid, ts, read_residual);
     }
   }
 }
@@ -356,11 +474,11 @@ void kda_detail::replay_step(const DecodeShape& shape, const StepInputs& in, con
   if (config.split() && read == StorageFormat::nvfp4 && config.recur.format != StorageFormat::fp32)
     throw std::invalid_argument("kda replay decode: an NVFP4 read checkpoint needs an fp32 recurrence checkpoint");
   const ReplayArgs A = make_replay_args(shape, in, config, records, 1, stage);
-  if (A.recur_ef || A.read.residual != nullptr || config.skips())
-    throw std::invalid_argument("kda replay decode: error feedback and checkpoint-read skipping are not implemented yet");
   const dim3 grid(shape.value_heads, shape.batch);
-  const std::size_t nonflush_smem = sizeof(float) * nonflush_shared_floats(config.window, shape.dk, shape.dv);
-  const std::size_t flush_smem = sizeof(float) * flush_shared_floats(stage, shape.dk, shape.dv, config.split());
+  const std::size_t nonflush_smem =
+      sizeof(float) * nonflush_shared_floats(config.window, shape.dk, shape.dv, A.skip_read > 0.0f);
+  const std::size_t flush_smem =
+      sizeof(float) * flush_shared_floats(stage, shape.dk, shape.dv, config.split() || A.skip_flush > 0.0f);
   with_dk(shape.dk, [&](auto DK) {
     auto nonflush = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, nonflush_smem, false, stream); };
     switch (read) {

@@ -3,8 +3,11 @@
 // shapes), on fresh random inputs from fixed recorded seeds (test::kBaseSeed + offset): conventional
 // steps (fp32, fp16, bf16 state), ReplaySSM standard decode with staggered windows (shared fp32, split
 // fp16/bf16/fp8b128/nvfp4 reads, fp32 or fp16+SR recurrence), verification of T in {1, 2, 4, 8} drafts
-// with random accepted lengths, and standard steps after commits that leave h >= L. Decays per channel
-// near 1, far from 1, or mixed (KDA heads keep a few long channels among fast ones). Outputs are
+// with random accepted lengths, and standard steps after commits that leave h >= L; error feedback
+// (+ef) on the conventional state and on either copy of ReplaySSM, and appendix F checkpoint-read
+// skipping (with the host's count of what was skipped, from the decays). Decays per channel
+// near 1, far from 1, mixed (each element slow with probability 1/4 at each token), or by head (the
+// appendix F tests: fast heads beside heads with long channels). Outputs are
 // poisoned (NaN) before every launch. Comparison rules as test_decode_cuda.cpp: FP32 paths
 // |gpu - cpu| <= 1e-5 (rms + |cpu|) per element; low-precision paths allow flipped codes (at most
 // 0.1% of elements beyond the FP32 tolerance, all within one code step), and every read (LP)
@@ -19,6 +22,7 @@
 #include <boost/random/uniform_real_distribution.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cuda_bf16.h>
 #include <limits>
 #include <memory>
@@ -28,6 +32,7 @@
 #include "cuda_check.h"
 #include "gpu_test_util.h"
 #include "decode_test_util.h"
+#include "ssm/conventional_decode.h"
 #include "ssm/decode_kernels.h"
 #include "ssm/replay_decode.h"
 #include "test_util.h"
@@ -50,8 +55,18 @@ const test::GpuGuard gpu_guard("KDA decode kernel tests");
 constexpr ssm::Recurrence kKda = ssm::Recurrence::kda;
 
 
-enum class Decays { slow, fast, mixed };
-const char* to_string(Decays d) { return d == Decays::slow ? "slow" : d == Decays::fast ? "fast" : "mixed"; }
+// by_head (appendix F tests): even value heads fast, every channel in 0.2-0.6 (a window's gamma falls
+// below the auto thresholds of nvfp4, fp8, fp16 within about 3, 5, 11 tokens and of fp32 within ~21),
+// odd value heads with every fourth channel slow at every token (0.999-1: gamma stays above 0.93 over
+// 64 tokens, so they never skip) and the others in 0.3-0.8; so a launch holds blocks that skip and
+// blocks that do not. (In `mixed` each element is drawn slow or fast per token, which decays too.)
+enum class Decays { slow, fast, mixed, by_head };
+const char* to_string(Decays d) {
+  return d == Decays::slow    ? "slow"
+         : d == Decays::fast  ? "fast"
+         : d == Decays::mixed ? "mixed"
+                              : "by head (fast 0.2-0.6 / a quarter of the channels slow)";
+}
 
 // One step's inputs for the whole batch (T tokens for verification); the float copies are exactly
 // the bf16 values the GPU reads. alpha is [B][T][H][dk] (channel-wise), beta [B][T][H].
@@ -86,9 +101,14 @@ struct InputGen {
     for (std::size_t i = 0; i < nv; ++i) st.v[i] = __float2bfloat16(normal(rng)), st.vf[i] = __bfloat162float(st.v[i]);
     const std::size_t nh = static_cast<std::size_t>(s.batch) * tokens * s.value_heads;
     st.alpha.resize(nh * s.dk), st.beta.resize(nh);
-    for (float& a : st.alpha) {
+    for (std::size_t i = 0; i < st.alpha.size(); ++i) {
+      if (decays == Decays::by_head) {
+        const bool fast_head = (i / s.dk) % s.value_heads % 2 == 0, slow_channel = i % s.dk % 4 == 0;
+        st.alpha[i] = fast_head ? 0.2f + 0.4f * unit(rng) : slow_channel ? 0.999f + 0.001f * unit(rng) : 0.3f + 0.5f * unit(rng);
+        continue;
+      }
       const bool slow = decays == Decays::slow || (decays == Decays::mixed && unit(rng) < 0.25f);
-      a = slow ? 0.999f + 0.001f * unit(rng) : 0.3f + 0.5f * unit(rng);
+      st.alpha[i] = slow ? 0.999f + 0.001f * unit(rng) : 0.3f + 0.5f * unit(rng);
     }
     for (float& b : st.beta) b = 0.05f + 0.9f * unit(rng);
     return st;
@@ -197,133 +217,291 @@ void standard_step(const Case& c, const HostStep& h, cuda::ReplayConfig& config,
 
 }  // namespace
 
+namespace {
+
+// 48 conventional steps of one case and policy against the CPU ConventionalDecoder: every output,
+// FP32 within the FP32 tolerance, fp16/bf16 with flipped codes counted. With +ef the first step
+// also starts both sides from the zero state, where S_1 = 0 Diag(a) + u k^T with u = b v is formed
+// by the same float operations on both (no reduction order involved): the stored state must then
+// equal the CPU's bit for bit, and the residual S_1 - Q(S_1) as well.
+void conventional_case(const Case& c, const char* policy_text, uint64_t seed) {
+  const DecodeShape& s = c.shape;
+  const auto policy = ssm::PrecisionPolicy::parse(policy_text);
+  const StorageFormat f = policy.recur.format;
+  const bool ef = policy.recur.rounding == formats::Rounding::ef;
+  std::vector<std::unique_ptr<ssm::ConventionalDecoder>> cpu;
+  for (int b = 0; b < s.batch; ++b)
+    for (int g = 0; g < s.key_heads; ++g)
+      cpu.push_back(std::make_unique<ssm::ConventionalDecoder>(group_shape(s), policy,
+                                                               ssm::HeadGroupId{static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
+  StateBuffers state(f, s, ef);
+  InputGen gen(seed, c.decays);
+  Collected meter;
+  int first_step_mismatch = 0;
+  for (int step = 0; step < 48; ++step) {
+    const HostStep h = gen.make(s, 1);
+    DeviceStep d(h, s.heads() * s.dv);
+    cuda::conventional_step(kKda, s, d.inputs(), state.view, nullptr, policy.recur.rounding);
+    REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto out = d.out.download();
+    for (int b = 0; b < s.batch; ++b)
+      for (int g = 0; g < s.key_heads; ++g) {
+        std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+        cpu[static_cast<std::size_t>(b) * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
+        meter.add(out, out_offset(s, b, 1, 0, g), ref);
+      }
+    if (!ef || step != 0) continue;
+    const auto payload = state.payload.download();
+    const auto residual = state.residual.download();
+    const formats::ElementFormat element = f == StorageFormat::fp16 ? formats::ElementFormat::fp16 : formats::ElementFormat::bf16;
+    for (int b = 0; b < s.batch; ++b)
+      for (int g = 0; g < s.key_heads; ++g)
+        for (int j = 0; j < s.heads_per_group(); ++j) {
+          const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group() + j;
+          const auto& S = cpu[static_cast<std::size_t>(b) * s.key_heads + g]->state(j);
+          const float beta = h.beta[head];
+          for (int r = 0; r < s.dv; ++r)
+            for (int col = 0; col < s.dk; ++col) {
+              const std::size_t i = head * s.head_elements() + static_cast<std::size_t>(r) * s.dk + col;
+              const uint32_t code = payload[2 * i] | (static_cast<uint32_t>(payload[2 * i + 1]) << 8);
+              const float stored = formats::decode_element(element, code);
+              // ssm::correction and ssm::decay_and_add on the zero state, in their order.
+              const float u = beta * (h.vf[head * s.dv + r] - 0.0f);
+              const float k = h.kf[(static_cast<std::size_t>(b) * s.key_heads + g) * s.dk + col];
+              const float x = 0.0f * h.alpha[head * s.dk + col] + u * k;
+              const float y = 0.0f + x;  // S + E, E zero before the first write
+              const float cpu_stored = S(r, col), want_residual = y - cpu_stored;
+              first_step_mismatch += std::memcmp(&stored, &cpu_stored, sizeof(float)) != 0 ||
+                                     std::memcmp(&residual[i], &want_residual, sizeof(float)) != 0;
+            }
+        }
+  }
+  const double tol = f == StorageFormat::fp32 ? 1e-5 : f == StorageFormat::fp16 ? 2e-3 : 2e-2;
+  const std::string what = "kda conventional " + std::string(policy_text) + " " + describe(c) + ", seed " + std::to_string(seed);
+  const auto close = meter.close(tol, what);
+  std::printf("%s: max |d|/allowed %.2f (tol %.0e), %zu mismatches of %zu%s\n", what.c_str(), close.max_excess, tol,
+              close.mismatches, close.count,
+              ef ? (", first-step state and residual bit mismatches " + std::to_string(first_step_mismatch)).c_str() : "");
+  INFO(what);
+  if (f == StorageFormat::fp32)
+    CHECK_CLOSE(close);
+  else
+    check_with_flips(meter, close, what);
+  CHECK(first_step_mismatch == 0);
+}
+
+}  // namespace
+
 TEST_CASE("KDA conventional decode kernels equal the CPU conventional decoder (fp32; fp16/bf16 state)") {
   int n = 0;
-  for (const Case& c : cases()) {
-    for (StorageFormat f : {StorageFormat::fp32, StorageFormat::fp16, StorageFormat::bf16}) {
-      const DecodeShape& s = c.shape;
-      const char* policy_text = f == StorageFormat::fp32 ? "conv:fp32" : f == StorageFormat::fp16 ? "conv:fp16+rtn" : "conv:bf16+rtn";
-      const auto policy = ssm::PrecisionPolicy::parse(policy_text);
-      std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu;
-      for (int b = 0; b < s.batch; ++b)
-        for (int g = 0; g < s.key_heads; ++g)
-          cpu.push_back(ssm::make_decoder(group_shape(s), policy, {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
-      StateBuffers state(f, s);
-      const uint64_t seed = test::kBaseSeed + 57000 + n;
-      InputGen gen(seed, c.decays);
-      Collected meter;
-      for (int step = 0; step < 48; ++step) {
-        const HostStep h = gen.make(s, 1);
-        DeviceStep d(h, s.heads() * s.dv);
-        cuda::conventional_step(kKda, s, d.inputs(), state.view, nullptr);
-        REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto out = d.out.download();
-        for (int b = 0; b < s.batch; ++b)
-          for (int g = 0; g < s.key_heads; ++g) {
-            std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
-            cpu[static_cast<std::size_t>(b) * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
-            meter.add(out, out_offset(s, b, 1, 0, g), ref);
-          }
+  for (const Case& c : cases())
+    for (const char* policy_text : {"conv:fp32", "conv:fp16+rtn", "conv:bf16+rtn"})
+      conventional_case(c, policy_text, test::kBaseSeed + 57000 + n++);
+}
+
+// +ef (ssm::quantize_state with a residual): the stored state is Q_rtn(S + E) and E <- (S + E) - Q_rtn(S + E).
+TEST_CASE("KDA conventional decode kernels with error feedback (conv:fp16+ef, conv:bf16+ef) equal the CPU conventional decoder") {
+  int n = 0;
+  for (const Case& c : cases())
+    for (const char* policy_text : {"conv:fp16+ef", "conv:bf16+ef"})
+      conventional_case(c, policy_text, test::kBaseSeed + 67000 + n++);
+}
+
+namespace {
+
+// Appendix F on the host, from the generated decays, as ssm::ReplayDecoderBase::skips_checkpoint_read
+// decides it: per (sequence, value head), gamma = the float32 product of the window's decay vectors in
+// token order from position 0, the current token's included, largest over the key channels; a step
+// skips when gamma is below the threshold of the copy it reads (a flush: the recur copy's). Counts
+// what a case contained, so that a skip test that never skips fails.
+struct SkipCounter {
+  int dk, L;
+  float read_threshold, flush_threshold;
+  std::vector<std::vector<float>> window;  // per (b, head): the window's decay vectors, [n][dk]
+  std::vector<int> head_skips;             // per (b, head): skipped reads and flushes
+  int reads = 0, skipped_reads = 0, flushes = 0, skipped_flushes = 0;
+  SkipCounter(const DecodeShape& s, int window_length, float read, float flush)
+      : dk(s.dk), L(window_length), read_threshold(read), flush_threshold(flush), window(s.heads()), head_skips(s.heads()) {
+    for (std::size_t hb = 0; hb < window.size(); ++hb)  // staggered starts: b % L neutral records (a = 1)
+      window[hb].assign(static_cast<std::size_t>(hb / s.value_heads % L) * dk, 1.0f);
+  }
+  void step(const HostStep& h) {
+    for (std::size_t hb = 0; hb < window.size(); ++hb) {
+      std::vector<float>& w = window[hb];
+      const auto token = h.alpha.begin() + static_cast<std::ptrdiff_t>(hb * dk);
+      w.insert(w.end(), token, token + dk);
+      const int n = static_cast<int>(w.size()) / dk;
+      std::vector<float> gamma(w.begin(), w.begin() + dk);
+      for (int j = 1; j < n; ++j)
+        for (int c = 0; c < dk; ++c) gamma[c] *= w[static_cast<std::size_t>(j) * dk + c];
+      const float g = *std::max_element(gamma.begin(), gamma.end());
+      const bool flush = n >= L, skip = g < (flush ? flush_threshold : read_threshold);
+      head_skips[hb] += skip;
+      if (flush) {
+        ++flushes, skipped_flushes += skip;
+        w.clear();
+      } else {
+        ++reads, skipped_reads += skip;
       }
-      const double tol = f == StorageFormat::fp32 ? 1e-5 : f == StorageFormat::fp16 ? 2e-3 : 2e-2;
-      const std::string what = "kda conventional " + std::string(policy_text) + " " + describe(c) + ", seed " + std::to_string(seed);
-      const auto close = meter.close(tol, what);
-      std::printf("%s: max |d|/allowed %.2f (tol %.0e), %zu mismatches of %zu\n", what.c_str(), close.max_excess, tol,
-                  close.mismatches, close.count);
-      INFO(what);
-      if (f == StorageFormat::fp32)
-        CHECK_CLOSE(close);
-      else
-        check_with_flips(meter, close, what);
-      ++n;
     }
   }
+  int heads_that_skipped() const {
+    return static_cast<int>(std::count_if(head_skips.begin(), head_skips.end(), [](int k) { return k > 0; }));
+  }
+};
+
+// 3L + 5 standard steps of one case and policy against the CPU decoders (ssm::make_decoder of the
+// policy text), sequence b starting at window position b % L (neutral records on both sides) so that
+// flush and non-flush blocks share launches. Outputs: FP32 paths within the FP32 tolerance, others
+// with flipped codes counted. After a flush of sequence b with an FP32 recur copy, its read (LP) copy
+// must be the RTN quantization of the GPU's own recur copy bit for bit; with ef on the read copy, of
+// recur + the residual before the step, and the residual after it must be (recur + before) - Q(...)
+// bit for bit. Returns the host's appendix F counts (all zero without skipping).
+SkipCounter replay_case(const Case& c, const std::string& policy_text, Decays decays, uint64_t seed) {
+  const DecodeShape& s = c.shape;
+  const auto policy = ssm::PrecisionPolicy::parse(policy_text);
+  const int L = policy.window;
+  const bool split = policy.scheme == ssm::DecodeScheme::split;
+  const bool read_ef = split && policy.read.rounding == formats::Rounding::ef;
+  std::vector<cuda::WindowState> initial(s.batch);
+  for (int b = 0; b < s.batch; ++b) initial[b].h = b % L;
+  HostStep neutral;
+  neutral.tokens = 1;
+  neutral.qf.assign(static_cast<std::size_t>(s.batch) * s.key_heads * s.dk, 0.0f);
+  neutral.kf = neutral.qf;
+  neutral.vf.assign(static_cast<std::size_t>(s.batch) * s.value_heads * s.dv, 0.0f);
+  neutral.alpha.assign(static_cast<std::size_t>(s.batch) * s.value_heads * s.dk, 1.0f);
+  neutral.beta.assign(static_cast<std::size_t>(s.batch) * s.value_heads, 0.5f);
+  std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu;
+  for (int b = 0; b < s.batch; ++b)
+    for (int g = 0; g < s.key_heads; ++g) {
+      cpu.push_back(ssm::make_decoder(group_shape(s), policy, {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
+      std::vector<float> scratch(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+      for (int w = 0; w < b % L; ++w) cpu.back()->step(group_token(neutral, s, b, g, 0), scratch.data());
+    }
+  StateBuffers recur_buf(policy.recur.format, s, policy.recur.rounding == formats::Rounding::ef);
+  std::unique_ptr<StateBuffers> read_buf;
+  cuda::ReplayConfig config;
+  config.window = L;
+  config.recur = recur_buf.view;
+  config.recur_rounding = policy.recur.rounding;
+  config.seed = policy.seed;
+  if (split) {
+    read_buf = std::make_unique<StateBuffers>(policy.read.format, s, read_ef);
+    config.read = read_buf->view;
+    config.read_rounding = policy.read.rounding;
+  }
+  config.skip_threshold_read = policy.skip.threshold_for(split ? policy.read : policy.recur);
+  config.skip_threshold_flush = policy.skip.threshold_for(policy.recur);
+  SkipCounter skips(s, L, config.skip_threshold_read, config.skip_threshold_flush);
+  RecordBuffers rec(s, L, initial, s.dk);
+  InputGen gen(seed, decays);
+  Collected meter;
+  const bool check_read = split && policy.recur.format == StorageFormat::fp32;
+  int read_checks = 0, read_mismatch = 0, first_bad_step = -1;
+  for (int step = 0; step < 3 * L + 5; ++step) {
+    const HostStep h = gen.make(s, 1);
+    skips.step(h);
+    const std::vector<float> residual_before = check_read && read_ef ? read_buf->residual.download() : std::vector<float>();
+    standard_step(c, h, config, rec, cpu, meter);
+    if (!check_read) continue;
+    std::vector<float> recur_host(s.heads() * s.head_elements());
+    REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), recur_buf.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
+    const std::vector<float> residual_after = read_ef ? read_buf->residual.download() : std::vector<float>();
+    const ReadCopyHost read_copy(*read_buf);
+    for (int b = 0; b < s.batch; ++b) {
+      if ((b % L + step + 1) % L != 0) continue;  // not flushed at this step
+      for (int hd = 0; hd < s.value_heads; ++hd) {
+        const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd, at = head * s.head_elements();
+        const bool same = read_copy.equals_quantized(&recur_host[at], s.dv, s.dk, head, read_ef ? &residual_before[at] : nullptr,
+                                                     read_ef ? &residual_after[at] : nullptr);
+        ++read_checks;
+        if (!same && first_bad_step < 0) first_bad_step = step;
+        read_mismatch += !same;
+      }
+    }
+  }
+  const bool fp32_path = policy.recur.format == StorageFormat::fp32 && (!split || policy.read.format == StorageFormat::fp32);
+  const double tol = fp32_path ? 1e-5 : policy.recur.format == StorageFormat::fp32 ? 5e-3 : 2e-2;
+  const std::string what =
+      "kda replay " + policy_text + " " + describe(Case{c.name, c.shape, decays}) + ", seed " + std::to_string(seed);
+  const auto close = meter.close(tol, what);
+  std::printf("%s: max |d|/allowed %.2f (tol %.0e), %zu mismatches of %zu%s%s\n", what.c_str(), close.max_excess, tol,
+              close.mismatches, close.count,
+              read_checks ? (", read (LP) checkpoints bit-equal: " + std::to_string(read_checks - read_mismatch) + "/" +
+                             std::to_string(read_checks) +
+                             (first_bad_step >= 0 ? " (first mismatch at step " + std::to_string(first_bad_step) + ")" : ""))
+                                .c_str()
+                          : "",
+              policy.skip.mode != ssm::CheckpointSkip::Mode::off
+                  ? (", skipped reads " + std::to_string(skips.skipped_reads) + "/" + std::to_string(skips.reads) + ", flushes " +
+                     std::to_string(skips.skipped_flushes) + "/" + std::to_string(skips.flushes) + ", heads that skipped " +
+                     std::to_string(skips.heads_that_skipped()) + "/" + std::to_string(s.heads()))
+                        .c_str()
+                  : "");
+  INFO(what);
+  if (fp32_path)
+    CHECK_CLOSE(close);
+  else
+    check_with_flips(meter, close, what);
+  CHECK(read_mismatch == 0);
+  return skips;
 }
+
+}  // namespace
 
 TEST_CASE("KDA ReplaySSM decode kernels equal the CPU decoders: shared fp32 and split low-precision reads, staggered windows") {
   int n = 0;
-  for (const Case& c : cases()) {
+  for (const Case& c : cases())
     for (const char* policy_text : {"shared:fp32@1", "shared:fp32@4", "shared:fp32@16", "shared:fp32@64", "split:fp16/fp32@8",
                                     "split:bf16/fp32@8", "split:fp8b128/fp32@16", "split:nvfp4/fp32@16",
                                     "split:nvfp4/fp32@33", "split:fp8b128/fp16+sr@4"}) {
-      const DecodeShape& s = c.shape;
-      const auto policy = ssm::PrecisionPolicy::parse(policy_text);
-      if (policy.read.format == StorageFormat::fp8b128 && s.dk % 128) continue;
-      const int L = policy.window;
-      const bool split = policy.scheme == ssm::DecodeScheme::split;
-      // Sequence b starts at window position b % L (neutral records on both sides), so flush and
-      // non-flush blocks share launches.
-      std::vector<cuda::WindowState> initial(s.batch);
-      for (int b = 0; b < s.batch; ++b) initial[b].h = b % L;
-      HostStep neutral;
-      neutral.tokens = 1;
-      neutral.qf.assign(static_cast<std::size_t>(s.batch) * s.key_heads * s.dk, 0.0f);
-      neutral.kf = neutral.qf;
-      neutral.vf.assign(static_cast<std::size_t>(s.batch) * s.value_heads * s.dv, 0.0f);
-      neutral.alpha.assign(static_cast<std::size_t>(s.batch) * s.value_heads * s.dk, 1.0f);
-      neutral.beta.assign(static_cast<std::size_t>(s.batch) * s.value_heads, 0.5f);
-      std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu;
-      for (int b = 0; b < s.batch; ++b)
-        for (int g = 0; g < s.key_heads; ++g) {
-          cpu.push_back(ssm::make_decoder(group_shape(s), policy, {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
-          std::vector<float> scratch(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
-          for (int w = 0; w < b % L; ++w) cpu.back()->step(group_token(neutral, s, b, g, 0), scratch.data());
-        }
-      StateBuffers recur_buf(policy.recur.format, s);
-      std::unique_ptr<StateBuffers> read_buf;
-      cuda::ReplayConfig config;
-      config.window = L;
-      config.recur = recur_buf.view;
-      config.recur_rounding = policy.recur.rounding;
-      config.seed = policy.seed;
-      if (split) {
-        read_buf = std::make_unique<StateBuffers>(policy.read.format, s);
-        config.read = read_buf->view;
-      }
-      RecordBuffers rec(s, L, initial, s.dk);
-      const uint64_t seed = test::kBaseSeed + 59000 + n;
-      InputGen gen(seed, c.decays);
-      Collected meter;
-      int read_checks = 0, read_mismatch = 0, first_bad_step = -1;
-      for (int step = 0; step < 3 * L + 5; ++step) {
-        const HostStep h = gen.make(s, 1);
-        standard_step(c, h, config, rec, cpu, meter);
-        // After a flush of sequence b its LP copy must equal quantize(own fp32 recur) bit for bit.
-        if (split && policy.recur.format == StorageFormat::fp32) {
-          std::vector<float> recur_host(s.heads() * s.head_elements());
-          REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), recur_buf.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
-          const ReadCopyHost read_copy(*read_buf);
-          for (int b = 0; b < s.batch; ++b) {
-            if ((b % L + step + 1) % L != 0) continue;  // not flushed at this step
-            for (int hd = 0; hd < s.value_heads; ++hd) {
-              const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd;
-              const bool same = read_copy.equals_quantized(&recur_host[head * s.head_elements()], s.dv, s.dk, head);
-              ++read_checks;
-              if (!same && first_bad_step < 0) first_bad_step = step;
-              read_mismatch += !same;
-            }
-          }
-        }
-      }
-      const double tol = !split ? 1e-5 : policy.recur.format == StorageFormat::fp32 ? 5e-3 : 2e-2;
-      const std::string what = "kda replay " + std::string(policy_text) + " " + describe(c) + ", seed " + std::to_string(seed);
-      const auto close = meter.close(tol, what);
-      std::printf("%s: max |d|/allowed %.2f (tol %.0e), %zu mismatches of %zu%s\n", what.c_str(), close.max_excess, tol,
-                  close.mismatches, close.count,
-                  read_checks ? (", read (LP) checkpoints bit-equal: " + std::to_string(read_checks - read_mismatch) + "/" +
-                                 std::to_string(read_checks) +
-                                 (first_bad_step >= 0 ? " (first mismatch at step " + std::to_string(first_bad_step) + ")" : ""))
-                                    .c_str()
-                              : "");
-      INFO(what);
-      if (!split)
-        CHECK_CLOSE(close);
-      else
-        check_with_flips(meter, close, what);
-      CHECK(read_mismatch == 0);
-      ++n;
+      if (ssm::PrecisionPolicy::parse(policy_text).read.format == StorageFormat::fp8b128 && c.shape.dk % 128) continue;
+      replay_case(c, policy_text, c.decays, test::kBaseSeed + 59000 + n++);
     }
-  }
+}
+
+// Error feedback on either copy (ssm::ReplayDecoderBase::write_checkpoints): the read (LP) copy of a
+// split policy (its NVFP4 tensor scale from the amax of S + E), a shared fp16 checkpoint, and the
+// fp16 recur copy of a split policy. An NVFP4 read copy needs an FP32 recur copy (the flush re-reads
+// S from it), so the fp16+ef recur copy is paired with fp8b128 and bf16 read copies; with an fp16
+// recur copy the CPU and GPU may diverge by flipped codes, which the output comparison counts.
+TEST_CASE("KDA ReplaySSM decode kernels with error feedback (+ef) on the read or the recurrence copy equal the CPU decoders") {
+  int n = 0;
+  for (const Case& c : cases())
+    for (const char* policy_text : {"shared:fp16+ef@16", "split:nvfp4+ef/fp32@16", "split:fp8b128+ef/fp32@16", "split:fp16+ef/fp32@8",
+                                    "split:fp8b128+rtn/fp16+ef@16", "split:bf16+rtn/fp16+ef@8"}) {
+      if (ssm::PrecisionPolicy::parse(policy_text).read.format == StorageFormat::fp8b128 && c.shape.dk % 128) continue;
+      replay_case(c, policy_text, c.decays, test::kBaseSeed + 68000 + n++);
+    }
+}
+
+// Appendix F: with decays by head (even heads fast, odd heads with a few slow channels) non-flush
+// steps of the fast heads skip their read, and, where the recur copy's threshold is reached within a
+// window, flushes become pure writes; the same launches hold heads that do not skip. The host counts
+// from the generated decays what the CPU decoders (and so the kernels) skipped: a case that never
+// skips fails.
+TEST_CASE("KDA ReplaySSM decode kernels with appendix F checkpoint-read skipping equal the CPU decoders") {
+  struct SkipPolicy {
+    const char* text;
+    bool flushes_skip;  // the recur copy's threshold is reached within the window on the fast heads
+  };
+  const SkipPolicy policies[] = {{"shared:fp32@64,skip=auto", true},      {"split:nvfp4/fp32@16,skip=auto", false},
+                                 {"split:fp8b128/fp32@16,skip=auto", false}, {"shared:fp16@16,skip=auto", true},
+                                 {"split:nvfp4/fp32@32,skip=auto", true},    {"shared:fp16+ef@16,skip=auto", true},
+                                 {"split:nvfp4+ef/fp32@16,skip=auto", false}};
+  int n = 0;
+  for (const Case& c : cases())
+    for (const SkipPolicy& sp : policies) {
+      if (ssm::PrecisionPolicy::parse(sp.text).read.format == StorageFormat::fp8b128 && c.shape.dk % 128) continue;
+      const SkipCounter skips = replay_case(c, sp.text, Decays::by_head, test::kBaseSeed + 69000 + n++);
+      INFO(sp.text << " " << describe(Case{c.name, c.shape, Decays::by_head}));
+      CHECK(skips.skipped_reads > 0);
+      // Window position 0 never skips: its gamma, the largest of >= 64 channels of a_0 in 0.2-0.6, is far above 0.25.
+      CHECK(skips.skipped_reads < skips.reads);
+      if (sp.flushes_skip) CHECK(skips.skipped_flushes > 0);
+      if (c.shape.value_heads > 1) CHECK(skips.heads_that_skipped() < static_cast<int>(c.shape.heads()));  // the odd heads
+    }
 }
 
 TEST_CASE("KDA verification kernels equal CPU verify/commit (UT transform) with random accepted lengths") {
@@ -644,6 +822,32 @@ TEST_CASE("the KDA launchers refuse bad input with std::invalid_argument naming 
     HostStep h64 = InputGen(test::kBaseSeed + 65001, Decays::mixed).make(small_dk, 1);
     DeviceStep d64(h64, small_dk.heads() * small_dk.dv);
     expect(refusal([&] { cuda::replay_step(kKda, small_dk, d64.inputs(), split, rec64.view, nullptr); }), "dk");
+  }
+  {
+    // Error feedback exactly on a copy with a residual buffer (decode_kernels.h, DeviceState::residual),
+    // never on fp32 state, and the conventional kernels do not round with SR.
+    StateBuffers fp16(StorageFormat::fp16, s), fp16_ef(StorageFormat::fp16, s, true), fp32_ef(StorageFormat::fp32, s, true);
+    expect(refusal([&] { cuda::conventional_step(kKda, s, d.inputs(), fp16.view, nullptr, formats::Rounding::ef); }), "residual");
+    expect(refusal([&] { cuda::conventional_step(kKda, s, d.inputs(), fp16_ef.view, nullptr, formats::Rounding::rtn); }), "residual");
+    expect(refusal([&] { cuda::conventional_step(kKda, s, d.inputs(), fp32_ef.view, nullptr, formats::Rounding::ef); }), "fp32");
+    expect(refusal([&] { cuda::conventional_step(kKda, s, d.inputs(), fp16.view, nullptr, formats::Rounding::sr); }), "SR");
+    cuda::ReplayConfig ef = config;
+    ef.recur = fp16.view;
+    ef.recur_rounding = formats::Rounding::ef;
+    expect(refusal([&] { cuda::replay_step(kKda, s, d.inputs(), ef, rec.view, nullptr); }), "residual");
+    // An NVFP4 read copy needs an FP32 recur copy, with error feedback on the fp16 one as without.
+    StateBuffers lp(StorageFormat::nvfp4, s);
+    ef.recur = fp16_ef.view;
+    ef.read = lp.view;
+    expect(refusal([&] { cuda::replay_step(kKda, s, d.inputs(), ef, rec.view, nullptr); }), "fp32 recurrence");
+  }
+  {
+    // Appendix F is standard decode only (the CPU decoders refuse skipping with max_draft > 1).
+    cuda::ReplayConfig skipping = config;
+    skipping.skip_threshold_read = skipping.skip_threshold_flush = 0.25f;
+    expect(refusal([&] { cuda::verify_step(kKda, s, 4, d.inputs(), skipping, rec.view, nullptr); }), "skipping");
+    skipping.skip_threshold_read = 1.5f;  // thresholds are in [0, 1)
+    expect(refusal([&] { cuda::replay_step(kKda, s, d.inputs(), skipping, rec.view, nullptr); }), "skip thresholds");
   }
   CHECK(refusal([&] {
           DeviceArray<float> zero(s.heads() * s.head_elements()), snaps(s.heads() * s.head_elements() * 2);
