@@ -14,9 +14,12 @@ void register_bench(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "bench",
       "Time the CUDA decode kernels (conventional, ReplaySSM standard decode, low-precision reads,\n"
-      "speculative verification) on the paper's model shapes, against the measured copy bandwidth\n"
-      "and the conventional kernel of the same run; --schemes: figure 7's prior speculative schemes\n"
-      "instead. Needs a CUDA build and a GPU.");
+      "speculative verification, Algorithm 3) on the paper's model shapes, against the measured copy\n"
+      "bandwidth and the conventional kernel of the same run. Also the policy modifiers: error feedback\n"
+      "(+ef: conventional fp16+ef, a split flush writing an nvfp4+ef copy) and appendix F read skipping\n"
+      "(skip=auto with 0, 50 and 100% of heads below the threshold, and a pure-write flush), each against\n"
+      "the same kernel without it. Every configuration is checked against the CPU decoders first.\n"
+      "--schemes: figure 7's prior speculative schemes instead. Needs a CUDA build and a GPU.");
 #if REPLAYSSM_WITH_CUDA
   auto o = std::make_shared<cuda::BenchOptions>();
   cmd->add_option("--shapes", o->shapes, "model shapes (replayssm traffic --shape all lists them)")->capture_default_str();
