@@ -59,3 +59,20 @@ def test_bench_schemes_refuses_a_kda_shape():
                          capture_output=True, text=True)
     assert run.returncode == 2
     assert ("'kimi-linear-48b-a3b' has KDA" in run.stderr) or ("no CUDA kernels" in run.stderr), run.stderr
+
+
+@pytest.mark.parametrize("shape", ["nemotron-3-super", "qwen3.5-4b", "kimi-linear-48b-a3b"])
+def test_policy_modifier_bytes_follow_the_head_shape(shape):
+    """The +ef line's residual traffic is an fp32 matrix read and written (8 dv dk bytes); the skip
+    line's savings are each copy's storage: fp32 4 dv dk, fp16 2 dv dk, fp8b128 dv dk + 4 dv dk / 128,
+    nvfp4 dv dk / 2 + dv dk / 16 + 4 (formats spec: E2M1 nibbles, one E4M3 scale per 16, an fp32
+    tensor scale)."""
+    r = subprocess.run([replayssm_binary(), "traffic", "--shape", shape], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    dk, dv = (int(x) for x in re.search(r"dk = (\d+), dv = (\d+)", r.stdout).groups())
+    n = dk * dv
+    assert number(re.search(r"fp32 residual, \+([\d,]+) B per write", r.stdout).group(1)) == 8 * n
+    saved = re.search(r"saving the copy's bytes \(fp32 ([\d,]+) B, fp16 ([\d,]+) B, fp8b128 ([\d,]+) B, "
+                      r"nvfp4 ([\d,]+) B\)", r.stdout)
+    assert [number(x) for x in saved.groups()] == [4 * n, 2 * n, n + 4 * n // 128, n // 2 + n // 16 + 4]
+    assert number(re.search(r"a pure write, saving ([\d,]+) B", r.stdout).group(1)) == 4 * n
