@@ -282,8 +282,8 @@ TEST_CASE("ReplaySSM decode kernels with error feedback and appendix F skipping 
         const HostStep h = gen.make(c.kind, s, 1);
         for (int b = 0; b < s.batch; ++b) {
           const bool flush = position[b] + 1 >= L;
-          flushes += flush;
           for (int hd = 0; hd < s.value_heads; ++hd) {
+            flushes += flush;  // per (sequence, head), as the skips are counted
             const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd;
             gamma[head] *= h.alpha[head];
             const float threshold = flush ? config.skip_threshold_flush : config.skip_threshold_read;
@@ -569,7 +569,11 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
   };
   const PolicyCase policies[] = {{"split:fp16/fp32@16", 4},       {"split:nvfp4/fp32@16", 8}, {"split:fp8b128/fp16+sr@8", 4},
                                  {"split:bf16/fp32@4", 8},        {"split:nvfp4/fp32@5", 2},  {"split:fp8b128/fp32@4", 1},
-                                 {"shared:fp16+sr@16", 8},        {"shared:fp16+rtn@8", 2}};
+                                 {"shared:fp16+sr@16", 8},        {"shared:fp16+rtn@8", 2},
+                                 // error feedback (+ef) on the LP copy and on an fp16 recurrence copy
+                                 {"split:nvfp4+ef/fp32@16", 8},   {"split:fp8b128+ef/fp32@8", 4},
+                                 {"split:fp16+ef/fp32@4", 2},     {"shared:fp16+ef@16", 4},
+                                 {"split:bf16/fp16+ef@8", 2}};
   int n = 0;
   for (const Case& c : cases()) {
     for (const PolicyCase& pc : policies) {
@@ -589,7 +593,8 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
           cpu.push_back(dynamic_cast<ssm::ReplayDecoderBase*>(cpu_owner.back().get()));
           REQUIRE(cpu.back() != nullptr);
         }
-      StateBuffers recur_buf(policy.recur.format, s);
+      const bool read_ef = split && policy.read.rounding == formats::Rounding::ef;
+      StateBuffers recur_buf(policy.recur.format, s, policy.recur.rounding == formats::Rounding::ef);
       std::unique_ptr<StateBuffers> read_buf;
       cuda::ReplayConfig config;
       config.window = L;
@@ -598,16 +603,20 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
       config.seed = policy.seed;
       config.heads_per_block = c.heads_per_block;
       if (split) {
-        read_buf = std::make_unique<StateBuffers>(policy.read.format, s);
+        read_buf = std::make_unique<StateBuffers>(policy.read.format, s, read_ef);
         config.read = read_buf->view;
+        config.read_rounding = policy.read.rounding;
       }
       RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
       rec.view.max_drafts = T;
       DeviceArray<int> accepted(s.batch);
       InputGen gen(test::kBaseSeed + 46000 + n, c.slow_decay);
       Collected meter;
-      int lp_verifies = 0, folding_verifies = 0;
+      int lp_verifies = 0, folding_verifies = 0, ef_checks = 0, ef_mismatch = 0;
       for (int round = 0; round < 14; ++round) {
+        // Error feedback on the LP copy: each fold's write is checked against the residual before it.
+        const std::vector<float> residual_before = read_ef ? read_buf->residual.download() : std::vector<float>{};
+        std::vector<char> folded(s.batch, 0);
         {
           const HostStep h = gen.make(c.kind, s, T);
           DeviceStep d(h, s.heads() * s.dv * T);
@@ -622,6 +631,7 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
             for (int g = 0; g < s.key_heads; ++g) {
               auto& dec = *cpu[b * s.key_heads + g];
               const int h0 = dec.committed();
+              folded[b] = h0 + T > L && h0 > 0;
               lp_verifies += h0 + T <= L;
               folding_verifies += h0 + T > L && h0 > 0;
               std::vector<ssm::GroupToken> drafts;
@@ -635,6 +645,19 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
                 const std::size_t off = ((static_cast<std::size_t>(b) * T + t) * s.value_heads + g * s.heads_per_group()) * s.dv;
                 meter.add(out, off, ref_t);
               }
+            }
+        }
+        if (read_ef && policy.recur.format == StorageFormat::fp32) {
+          const auto recur_bytes = recur_buf.payload.download();
+          const float* hp = reinterpret_cast<const float*>(recur_bytes.data());
+          const ReadCopyHost lp(*read_buf);
+          const std::vector<float> residual_after = read_buf->residual.download();
+          for (int b = 0; b < s.batch; ++b)
+            for (int hd = 0; folded[b] && hd < s.value_heads; ++hd) {
+              const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd, at = head * s.head_elements();
+              const bool same = lp.equals_quantized(hp + at, s.dv, s.dk, head, &residual_before[at], &residual_after[at]);
+              ++ef_checks;
+              ef_mismatch += !same;
             }
         }
         // T = 1 folds only at h = L, which L commits in a row reach (a standard step at h = L - 1 flushes first).
@@ -672,7 +695,7 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
               const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group() + j;
               std::vector<float> gpu_head(gs + head * s.head_elements(), gs + (head + 1) * s.head_elements());
               states.add(gpu_head, 0, std::vector<float>(S.data(), S.data() + S.size()));
-              if (!split || dec.flushes() == 0) continue;
+              if (!split || dec.flushes() == 0 || read_ef) continue;  // ef: checked at each fold
               const bool same = read_copy->equals_quantized(gpu_head.data(), s.dv, s.dk, head);
               ++read_checks;
               read_mismatch += !same;
@@ -691,6 +714,12 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
       check_with_flips(meter, close, "low-precision verify vs CPU");
       if (!states.gpu.empty()) CHECK_CLOSE(states.close(1e-5, "FP32 HP checkpoints vs CPU"));
       CHECK(read_mismatch == 0);
+      if (read_ef) {
+        MESSAGE(pc.policy << ": LP copies and residuals bit-equal at " << ef_checks - ef_mismatch << " of " << ef_checks
+                          << " folds");
+        CHECK(ef_checks > 0);
+        CHECK(ef_mismatch == 0);
+      }
       CHECK(folding_verifies > 0);
       if (T <= L) CHECK(lp_verifies > 0);
       ++n;

@@ -561,7 +561,9 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
     int T;
   };
   const PolicyCase policies[] = {{"split:fp16/fp32@16", 4}, {"split:nvfp4/fp32@5", 8}, {"split:fp8b128/fp16+sr@8", 4},
-                                 {"split:bf16/fp32@16", 2}, {"shared:fp16+sr@16", 8}};
+                                 {"split:bf16/fp32@16", 2}, {"shared:fp16+sr@16", 8},
+                                 // error feedback (+ef) on the LP copy and on an fp16 recurrence copy
+                                 {"split:nvfp4+ef/fp32@16", 8}, {"split:fp16+ef/fp32@4", 2}, {"shared:fp16+ef@16", 4}};
   int n = 0;
   for (const Case& c : cases()) {
     for (const PolicyCase& pc : policies) {
@@ -580,7 +582,8 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
           cpu.push_back(dynamic_cast<ssm::ReplayDecoderBase*>(owner.back().get()));
           REQUIRE(cpu.back() != nullptr);
         }
-      StateBuffers recur_buf(policy.recur.format, s);
+      const bool read_ef = split && policy.read.rounding == formats::Rounding::ef;
+      StateBuffers recur_buf(policy.recur.format, s, policy.recur.rounding == formats::Rounding::ef);
       std::unique_ptr<StateBuffers> read_buf;
       cuda::ReplayConfig config;
       config.window = L;
@@ -588,8 +591,9 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
       config.recur_rounding = policy.recur.rounding;
       config.seed = policy.seed;
       if (split) {
-        read_buf = std::make_unique<StateBuffers>(policy.read.format, s);
+        read_buf = std::make_unique<StateBuffers>(policy.read.format, s, read_ef);
         config.read = read_buf->view;
+        config.read_rounding = policy.read.rounding;
       }
       RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch), s.dk);
       rec.view.max_drafts = T;
@@ -597,9 +601,12 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
       const uint64_t seed = test::kBaseSeed + 66000 + n;
       InputGen gen(seed, c.decays);
       Collected meter;
-      int lp_verifies = 0, folding_verifies = 0;
+      int lp_verifies = 0, folding_verifies = 0, ef_checks = 0, ef_mismatch = 0;
       const std::size_t per_token = static_cast<std::size_t>(s.heads_per_group()) * s.dv;
       for (int round = 0; round < 12; ++round) {
+        // Error feedback on the LP copy: each fold's write is checked against the residual before it.
+        const std::vector<float> residual_before = read_ef ? read_buf->residual.download() : std::vector<float>{};
+        std::vector<char> folded(s.batch, 0);
         {
           const HostStep h = gen.make(s, T);
           std::vector<int> acc(s.batch);
@@ -613,6 +620,7 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
           for (int b = 0; b < s.batch; ++b)
             for (int g = 0; g < s.key_heads; ++g) {
               auto& dec = *cpu[static_cast<std::size_t>(b) * s.key_heads + g];
+              folded[b] = dec.committed() + T > L && dec.committed() > 0;
               lp_verifies += dec.committed() + T <= L;
               folding_verifies += dec.committed() + T > L && dec.committed() > 0;
               std::vector<ssm::GroupToken> drafts;
@@ -624,6 +632,19 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
                 meter.add(out, out_offset(s, b, T, t, g),
                           std::vector<float>(ref.begin() + static_cast<std::ptrdiff_t>(t * per_token),
                                              ref.begin() + static_cast<std::ptrdiff_t>((t + 1) * per_token)));
+            }
+        }
+        if (read_ef && policy.recur.format == StorageFormat::fp32) {
+          const auto recur_bytes = recur_buf.payload.download();
+          const float* hp = reinterpret_cast<const float*>(recur_bytes.data());
+          const ReadCopyHost lp(*read_buf);
+          const std::vector<float> residual_after = read_buf->residual.download();
+          for (int b = 0; b < s.batch; ++b)
+            for (int hd = 0; folded[b] && hd < s.value_heads; ++hd) {
+              const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd, at = head * s.head_elements();
+              const bool same = lp.equals_quantized(hp + at, s.dv, s.dk, head, &residual_before[at], &residual_after[at]);
+              ++ef_checks;
+              ef_mismatch += !same;
             }
         }
         const int steps = boost::random::uniform_int_distribution<int>(0, 2)(rng);
@@ -657,7 +678,7 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
               const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group() + j;
               std::vector<float> gpu_head(gs + head * s.head_elements(), gs + (head + 1) * s.head_elements());
               states.add(gpu_head, 0, std::vector<float>(S.data(), S.data() + S.size()));
-              if (!split || dec.flushes() == 0) continue;
+              if (!split || dec.flushes() == 0 || read_ef) continue;  // ef: checked at each fold
               const bool same = read_copy->equals_quantized(gpu_head.data(), s.dv, s.dk, head);
               ++read_checks;
               read_mismatch += !same;
@@ -676,6 +697,12 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
       check_with_flips(meter, close, what);
       if (!states.gpu.empty()) CHECK_CLOSE(states.close(1e-5, what + " FP32 HP checkpoints"));
       CHECK(read_mismatch == 0);
+      if (read_ef) {
+        MESSAGE(pc.policy << ": LP copies and residuals bit-equal at " << ef_checks - ef_mismatch << " of " << ef_checks
+                          << " folds");
+        CHECK(ef_checks > 0);
+        CHECK(ef_mismatch == 0);
+      }
       CHECK(folding_verifies > 0);
       if (T <= L) CHECK(lp_verifies > 0);
       ++n;
