@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <cstdint>
+#include <cstdlib>
 #include <cuda_bf16.h>
 #include <string>
 #include <vector>
@@ -151,6 +152,21 @@ ssm::GroupToken group_token(const HostStep& h, const DecodeShape& s, int b, int 
     t.v.push_back(&h.vf[vh * s.dv]);
   }
   return t;
+}
+
+// Sanitizer runs are slow: REPLAYSSM_DECODE_CASES="a|b" keeps only the cases whose label (recurrence
+// and policy) contains every '|'-separated part, in the suites that label their cases this way. Unset:
+// every case runs.
+inline bool case_selected(const std::string& label) {
+  const char* env = std::getenv("REPLAYSSM_DECODE_CASES");
+  if (env == nullptr || *env == '\0') return true;
+  std::string parts(env);
+  for (std::size_t at = 0; at <= parts.size();) {
+    const std::size_t bar = std::min(parts.find('|', at), parts.size());
+    if (label.find(parts.substr(at, bar - at)) == std::string::npos) return false;
+    at = bar + 1;
+  }
+  return true;
 }
 
 struct StateBuffers {

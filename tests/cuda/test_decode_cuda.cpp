@@ -227,6 +227,7 @@ TEST_CASE("ReplaySSM decode kernels with error feedback and appendix F skipping 
                             "split:fp16/fp32@8,skip=0.01"};
   for (const Case& c : cases()) {
     for (const char* policy_text : policies) {
+      if (!test::case_selected(std::string(ssm::to_string(c.kind)) + " " + policy_text)) continue;
       const DecodeShape& s = c.shape;
       const auto policy = ssm::PrecisionPolicy::parse(policy_text);
       if (policy.read.format == StorageFormat::fp8b128 && s.dk % 128) continue;
