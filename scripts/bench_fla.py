@@ -2,7 +2,7 @@
 """Outside peer for `replayssm bench`: flash-linear-attention's Triton decode kernels on the
 paper's shapes (one decode step, T = 1, FP32 state read and written), timed with
 triton.testing.do_bench (median), bytes = state read + state written, as in the C++ bench.
-Kernels and shapes: replayssm_py.bench.
+Kernels and shapes: replayssm_py.peers_fla (scripts/bench_peers.py has the upstream peers).
 
 Runs on the device machine (torch + triton there); fla is carried as wheels (docs/BENCHMARKS.md).
 """
@@ -11,7 +11,7 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))  # this checkout's package
-from replayssm_py.bench import DEFAULT_BATCHES, run_fla_bench  # noqa: E402
+from replayssm_py.peers_fla import DEFAULT_BATCHES, run_fla_bench  # noqa: E402
 
 
 def main(argv=None):

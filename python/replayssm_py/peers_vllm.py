@@ -21,11 +21,10 @@ import re
 import sys
 import types
 
-# name: (key heads = ngroups, value heads, dstate = dk, headdim = dv), as python/replayssm_py/bench.py
-MAMBA2_SHAPES = {
-    "nemotron-3-nano-4b": (8, 96, 128, 80),
-    "nemotron-3-super": (8, 128, 128, 64),
-}
+from .peers_fla import SHAPES
+
+# The Mamba-2 shapes of the peers' table: name -> (key heads = ngroups, value heads, dstate = dk, headdim = dv).
+MAMBA2_SHAPES = {name: (G, H, dk, dv) for name, (kind, G, H, dk, dv) in SHAPES.items() if kind == "mamba2"}
 _OPS = "vllm/model_executor/layers/mamba/ops"
 
 
