@@ -66,6 +66,81 @@ std::vector<Case> cases() {
 }
 
 
+// CPU decoders of every (sequence, key head) for `policy`, sequence b already at window position
+// b % L: fed b % L neutral tokens (a = 1, zero keys and values, which leave every state as it is),
+// matching the GPU records' initial window states `initial`. Flushes are then staggered across the
+// batch, as in serving.
+struct StaggeredDecoders {
+  std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu;
+  std::vector<cuda::WindowState> initial;
+};
+StaggeredDecoders staggered_decoders(const Case& c, const ssm::PrecisionPolicy& policy) {
+  const DecodeShape& s = c.shape;
+  const int L = policy.window;
+  StaggeredDecoders d;
+  d.initial.resize(s.batch);
+  for (int b = 0; b < s.batch; ++b) d.initial[b].h = b % L;
+  HostStep neutral;
+  neutral.tokens = 1;
+  neutral.qf.assign(static_cast<std::size_t>(s.batch) * s.key_heads * s.dk, 0.0f);
+  neutral.kf = neutral.qf;
+  neutral.vf.assign(static_cast<std::size_t>(s.batch) * s.value_heads * s.dv, 0.0f);
+  neutral.alpha.assign(static_cast<std::size_t>(s.batch) * s.value_heads, 1.0f);
+  neutral.beta.assign(neutral.alpha.size(), 0.5f);
+  for (int b = 0; b < s.batch; ++b)
+    for (int g = 0; g < s.key_heads; ++g) {
+      d.cpu.push_back(ssm::make_decoder({c.kind, s.dk, s.dv, s.heads_per_group()}, policy,
+                                        {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
+      std::vector<float> scratch(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+      for (int w = 0; w < b % L; ++w) d.cpu.back()->step(group_token(neutral, s, b, g, 0), scratch.data());
+    }
+  return d;
+}
+
+// The GPU's stored copies for `policy` (with error-feedback residuals where a copy rounds with ef)
+// and the ReplayConfig over them: window, roundings, SR seed, appendix F thresholds, and the case's
+// heads per block.
+struct PolicyBuffers {
+  StateBuffers recur;
+  std::unique_ptr<StateBuffers> read;
+  cuda::ReplayConfig config;
+  PolicyBuffers(const Case& c, const ssm::PrecisionPolicy& policy)
+      : recur(policy.recur.format, c.shape, policy.recur.rounding == formats::Rounding::ef) {
+    const bool split = policy.scheme == ssm::DecodeScheme::split;
+    config.window = policy.window;
+    config.recur = recur.view;
+    config.recur_rounding = policy.recur.rounding;
+    config.seed = policy.seed;
+    config.heads_per_block = c.heads_per_block;
+    config.skip_threshold_read = policy.skip.threshold_for(split ? policy.read : policy.recur);
+    config.skip_threshold_flush = policy.skip.threshold_for(policy.recur);
+    if (split) {
+      read = std::make_unique<StateBuffers>(policy.read.format, c.shape, policy.read.rounding == formats::Rounding::ef);
+      config.read = read->view;
+      config.read_rounding = policy.read.rounding;
+    }
+  }
+};
+
+
+// One standard decode step of every sequence: replay_step on the GPU and step() on each CPU decoder
+// (indexed [b * G + g]), the GPU outputs and the CPU's collected into `meter`.
+template <class Decoders>
+void standard_step_both(const Case& c, const HostStep& h, const cuda::ReplayConfig& config, cuda::DeviceRecords& records,
+                        Decoders& cpu, Collected& meter) {
+  const DecodeShape& s = c.shape;
+  DeviceStep d(h, s.heads() * s.dv);
+  cuda::replay_step(c.kind, s, d.inputs(), config, records, nullptr);
+  REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto out = d.out.download();
+  for (int b = 0; b < s.batch; ++b)
+    for (int g = 0; g < s.key_heads; ++g) {
+      std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+      cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
+      meter.add(out, (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv, ref);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("conventional decode kernels equal the CPU conventional decoder (fp32; fp16/bf16 state, RTN and error feedback)") {
@@ -123,59 +198,22 @@ TEST_CASE("ReplaySSM decode kernels equal the CPU decoders: shared fp32 and spli
       const auto policy = ssm::PrecisionPolicy::parse(policy_text);
       if (policy.read.format == StorageFormat::fp8b128 && s.dk % 128) continue;
       const int L = policy.window;
-      // Sequence b starts at window position b % L (neutral records), so flushes are staggered.
-      std::vector<cuda::WindowState> initial(s.batch);
-      for (int b = 0; b < s.batch; ++b) initial[b].h = b % L;
-      std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu;
-      HostStep neutral;
-      neutral.tokens = 1;
-      neutral.qf.assign(static_cast<std::size_t>(s.batch) * s.key_heads * s.dk, 0.0f);
-      neutral.kf = neutral.qf;
-      neutral.vf.assign(static_cast<std::size_t>(s.batch) * s.value_heads * s.dv, 0.0f);
-      neutral.alpha.assign(static_cast<std::size_t>(s.batch) * s.value_heads, 1.0f);
-      neutral.beta.assign(neutral.alpha.size(), 0.5f);
-      for (int b = 0; b < s.batch; ++b)
-        for (int g = 0; g < s.key_heads; ++g) {
-          cpu.push_back(ssm::make_decoder({c.kind, s.dk, s.dv, s.heads_per_group()}, policy,
-                                          {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
-          std::vector<float> scratch(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
-          for (int w = 0; w < b % L; ++w) cpu.back()->step(group_token(neutral, s, b, g, 0), scratch.data());
-        }
+      auto [cpu, initial] = staggered_decoders(c, policy);
       const bool split = policy.scheme == ssm::DecodeScheme::split;
-      StateBuffers recur_buf(policy.recur.format, s);
-      std::unique_ptr<StateBuffers> read_buf;
-      cuda::ReplayConfig config;
-      config.window = L;
-      config.recur = recur_buf.view;
-      config.recur_rounding = policy.recur.rounding;
-      config.seed = policy.seed;
-      config.heads_per_block = c.heads_per_block;
-      if (split) {
-        read_buf = std::make_unique<StateBuffers>(policy.read.format, s);
-        config.read = read_buf->view;
-      }
+      PolicyBuffers buf(c, policy);
+      const cuda::ReplayConfig& config = buf.config;
       RecordBuffers rec(s, L, initial);
       InputGen gen(test::kBaseSeed + 9000 + n, c.slow_decay);
       Collected meter;
       int read_checks = 0, read_mismatch = 0;
       for (int step = 0; step < 3 * L + 5; ++step) {
         const HostStep h = gen.make(c.kind, s, 1);
-        DeviceStep d(h, s.heads() * s.dv);
-        cuda::replay_step(c.kind, s, d.inputs(), config, rec.view, nullptr);
-        REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto out = d.out.download();
-        for (int b = 0; b < s.batch; ++b)
-          for (int g = 0; g < s.key_heads; ++g) {
-            std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
-            cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
-            const std::size_t off = (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv;
-            meter.add(out, off, ref);
-          }
+        standard_step_both(c, h, config, rec.view, cpu, meter);
         // After a flush of sequence b, its LP copy must equal quantize(HP) bit for bit (fp32 HP).
         if (split && policy.recur.format == StorageFormat::fp32) {
           std::vector<float> recur_host(s.heads() * s.head_elements());
-          REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), recur_buf.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
-          const ReadCopyHost read_copy(*read_buf);
+          REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), buf.recur.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
+          const ReadCopyHost read_copy(*buf.read);
           for (int b = 0; b < s.batch; ++b) {
             if ((b % L + step + 1) % L != 0) continue;  // not flushed at this step
             for (int hd = 0; hd < s.value_heads; ++hd) {
@@ -234,40 +272,10 @@ TEST_CASE("ReplaySSM decode kernels with error feedback and appendix F skipping 
       const int L = policy.window;
       const bool split = policy.scheme == ssm::DecodeScheme::split;
       const bool skipping = policy.skip.mode != ssm::CheckpointSkip::Mode::off;
-      const bool recur_ef = policy.recur.rounding == formats::Rounding::ef;
       const bool read_ef = split && policy.read.rounding == formats::Rounding::ef;
-      std::vector<cuda::WindowState> initial(s.batch);
-      for (int b = 0; b < s.batch; ++b) initial[b].h = b % L;
-      std::vector<std::unique_ptr<ssm::HeadGroupDecoder>> cpu;
-      HostStep neutral;
-      neutral.tokens = 1;
-      neutral.qf.assign(static_cast<std::size_t>(s.batch) * s.key_heads * s.dk, 0.0f);
-      neutral.kf = neutral.qf;
-      neutral.vf.assign(static_cast<std::size_t>(s.batch) * s.value_heads * s.dv, 0.0f);
-      neutral.alpha.assign(static_cast<std::size_t>(s.batch) * s.value_heads, 1.0f);
-      neutral.beta.assign(neutral.alpha.size(), 0.5f);
-      for (int b = 0; b < s.batch; ++b)
-        for (int g = 0; g < s.key_heads; ++g) {
-          cpu.push_back(ssm::make_decoder({c.kind, s.dk, s.dv, s.heads_per_group()}, policy,
-                                          {static_cast<uint32_t>(b), static_cast<uint32_t>(g)}));
-          std::vector<float> scratch(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
-          for (int w = 0; w < b % L; ++w) cpu.back()->step(group_token(neutral, s, b, g, 0), scratch.data());
-        }
-      StateBuffers recur_buf(policy.recur.format, s, recur_ef);
-      std::unique_ptr<StateBuffers> read_buf;
-      cuda::ReplayConfig config;
-      config.window = L;
-      config.recur = recur_buf.view;
-      config.recur_rounding = policy.recur.rounding;
-      config.seed = policy.seed;
-      config.heads_per_block = c.heads_per_block;
-      config.skip_threshold_read = policy.skip.threshold_for(split ? policy.read : policy.recur);
-      config.skip_threshold_flush = policy.skip.threshold_for(policy.recur);
-      if (split) {
-        read_buf = std::make_unique<StateBuffers>(policy.read.format, s, read_ef);
-        config.read = read_buf->view;
-        config.read_rounding = policy.read.rounding;
-      }
+      auto [cpu, initial] = staggered_decoders(c, policy);
+      PolicyBuffers buf(c, policy);
+      const cuda::ReplayConfig& config = buf.config;
       RecordBuffers rec(s, L, initial);
       // Skip policies: alternate slow and fast heads, so blocks hold heads that skip and heads that do not.
       InputGen gen(test::kBaseSeed + 9500 + n, skipping ? test::Decays::mixed : c.slow_decay ? test::Decays::slow
@@ -294,23 +302,13 @@ TEST_CASE("ReplaySSM decode kernels with error feedback and appendix F skipping 
           position[b] = flush ? 0 : position[b] + 1;
         }
         std::vector<float> residual_before;
-        if (read_ef) residual_before = read_buf->residual.download();
-        DeviceStep d(h, s.heads() * s.dv);
-        cuda::replay_step(c.kind, s, d.inputs(), config, rec.view, nullptr);
-        REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto out = d.out.download();
-        for (int b = 0; b < s.batch; ++b)
-          for (int g = 0; g < s.key_heads; ++g) {
-            std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
-            cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
-            const std::size_t off = (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv;
-            meter.add(out, off, ref);
-          }
+        if (read_ef) residual_before = buf.read->residual.download();
+        standard_step_both(c, h, config, rec.view, cpu, meter);
         if (split && policy.recur.format == StorageFormat::fp32) {
           std::vector<float> recur_host(state_elems);
-          REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), recur_buf.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
-          const ReadCopyHost read_copy(*read_buf);
-          const std::vector<float> residual_after = read_ef ? read_buf->residual.download() : std::vector<float>{};
+          REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), buf.recur.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
+          const ReadCopyHost read_copy(*buf.read);
+          const std::vector<float> residual_after = read_ef ? buf.read->residual.download() : std::vector<float>{};
           for (int b = 0; b < s.batch; ++b) {
             if ((b % L + step + 1) % L != 0) continue;  // not flushed at this step
             for (int hd = 0; hd < s.value_heads; ++hd) {
@@ -644,17 +642,7 @@ TEST_CASE("standard steps after verification commits (h >= L) equal the CPU deco
         for (int st = 0; st < steps; ++st) {
           for (int b = 0; b < s.batch; ++b) long_flushes += cpu[b * s.key_heads]->committed() >= L;
           const HostStep h = gen.make(c.kind, s, 1);
-          DeviceStep d(h, s.heads() * s.dv);
-          cuda::replay_step(c.kind, s, d.inputs(), config, rec.view, nullptr);
-          REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
-          const auto out = d.out.download();
-          for (int b = 0; b < s.batch; ++b)
-            for (int g = 0; g < s.key_heads; ++g) {
-              std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
-              cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
-              const std::size_t off = (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv;
-              meter.add(out, off, ref);
-            }
+          standard_step_both(c, h, config, rec.view, cpu, meter);
         }
       }
       Collected states;
@@ -795,17 +783,7 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
         const int steps = T == 1 ? 0 : boost::random::uniform_int_distribution<int>(0, 2)(rng);
         for (int st = 0; st < steps; ++st) {
           const HostStep h = gen.make(c.kind, s, 1);
-          DeviceStep d(h, s.heads() * s.dv);
-          cuda::replay_step(c.kind, s, d.inputs(), config, rec.view, nullptr);
-          REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
-          const auto out = d.out.download();
-          for (int b = 0; b < s.batch; ++b)
-            for (int g = 0; g < s.key_heads; ++g) {
-              std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
-              cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
-              const std::size_t off = (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv;
-              meter.add(out, off, ref);
-            }
+          standard_step_both(c, h, config, rec.view, cpu, meter);
         }
       }
       // Checkpoints: the FP32 HP copy within FP32 rounding; every LP copy of a sequence that flushed
