@@ -247,4 +247,25 @@ struct ReadCopyHost {
   }
 };
 
+// The LP copies written at a flush or fold from an FP32 HP copy: for every value head of the
+// sequences with written[b] != 0, ReadCopyHost::equals_quantized of the GPU's own HP values, with
+// error feedback (residual_before not empty) also the residual the write left. Counts each head
+// into `checks`, and those that differ into `mismatches`.
+inline void check_lp_writes(const StateBuffers& recur, const StateBuffers& read, const std::vector<float>& residual_before,
+                            const std::vector<char>& written, const DecodeShape& s, int& checks, int& mismatches) {
+  const auto recur_bytes = recur.payload.download();
+  const float* hp = reinterpret_cast<const float*>(recur_bytes.data());
+  const ReadCopyHost lp(read);
+  const bool ef = !residual_before.empty();
+  const std::vector<float> residual_after = ef ? read.residual.download() : std::vector<float>{};
+  for (int b = 0; b < s.batch; ++b)
+    for (int hd = 0; written[static_cast<std::size_t>(b)] && hd < s.value_heads; ++hd) {
+      const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd, at = head * s.head_elements();
+      const bool same = lp.equals_quantized(hp + at, s.dv, s.dk, head, ef ? &residual_before[at] : nullptr,
+                                            ef ? &residual_after[at] : nullptr);
+      ++checks;
+      mismatches += !same;
+    }
+}
+
 }  // namespace replayssm::test

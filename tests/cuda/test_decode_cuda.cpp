@@ -286,7 +286,6 @@ TEST_CASE("ReplaySSM decode kernels with error feedback and appendix F skipping 
       int steps_skipped = 0, flushes_skipped = 0, flushes = 0;
       Collected meter;
       int read_checks = 0, read_mismatch = 0;
-      const std::size_t state_elems = s.heads() * s.head_elements();
       for (int step = 0; step < 3 * L + 5; ++step) {
         const HostStep h = gen.make(c.kind, s, 1);
         for (int b = 0; b < s.batch; ++b) {
@@ -305,22 +304,9 @@ TEST_CASE("ReplaySSM decode kernels with error feedback and appendix F skipping 
         if (read_ef) residual_before = buf.read->residual.download();
         standard_step_both(c, h, config, rec.view, cpu, meter);
         if (split && policy.recur.format == StorageFormat::fp32) {
-          std::vector<float> recur_host(state_elems);
-          REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), buf.recur.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
-          const ReadCopyHost read_copy(*buf.read);
-          const std::vector<float> residual_after = read_ef ? buf.read->residual.download() : std::vector<float>{};
-          for (int b = 0; b < s.batch; ++b) {
-            if ((b % L + step + 1) % L != 0) continue;  // not flushed at this step
-            for (int hd = 0; hd < s.value_heads; ++hd) {
-              const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd;
-              const std::size_t at = head * s.head_elements();
-              const bool same = read_copy.equals_quantized(&recur_host[at], s.dv, s.dk, head,
-                                                           read_ef ? &residual_before[at] : nullptr,
-                                                           read_ef ? &residual_after[at] : nullptr);
-              ++read_checks;
-              read_mismatch += !same;
-            }
-          }
+          std::vector<char> flushed(s.batch);
+          for (int b = 0; b < s.batch; ++b) flushed[b] = (b % L + step + 1) % L == 0;
+          test::check_lp_writes(buf.recur, *buf.read, residual_before, flushed, s, read_checks, read_mismatch);
         }
       }
       const bool fp32_path = !split && policy.recur.format == StorageFormat::fp32;
@@ -374,18 +360,10 @@ TEST_CASE("stochastically rounded checkpoints equal the CPU decoders' bit for bi
           cpu.push_back(ssm::make_decoder({c.kind, s.dk, s.dv, s.heads_per_group()}, policy, id));
           cpu_rtn.push_back(ssm::make_decoder({c.kind, s.dk, s.dv, s.heads_per_group()}, rtn_policy, id));
         }
-      StateBuffers recur_buf(policy.recur.format, s);
-      std::unique_ptr<StateBuffers> read_buf;
-      cuda::ReplayConfig config;
-      config.window = L;
-      config.recur = recur_buf.view;
-      config.recur_rounding = policy.recur.rounding;
-      config.seed = policy.seed;
-      config.heads_per_block = c.heads_per_block;
-      if (split) {
-        read_buf = std::make_unique<StateBuffers>(policy.read.format, s);
-        config.read = read_buf->view;
-      }
+      PolicyBuffers buf(c, policy);
+      const StateBuffers& recur_buf = buf.recur;
+      const std::unique_ptr<StateBuffers>& read_buf = buf.read;
+      const cuda::ReplayConfig& config = buf.config;
       RecordBuffers rec(s, L, std::vector<cuda::WindowState>(s.batch));
       boost::random::mt19937_64 rng(test::kBaseSeed + 47000 + n);
       boost::random::uniform_int_distribution<int> mantissa(128, 255), exponent(-13, -5), column(0, s.dk - 1), sign(0, 1);
@@ -711,19 +689,10 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
           REQUIRE(cpu.back() != nullptr);
         }
       const bool read_ef = split && policy.read.rounding == formats::Rounding::ef;
-      StateBuffers recur_buf(policy.recur.format, s, policy.recur.rounding == formats::Rounding::ef);
-      std::unique_ptr<StateBuffers> read_buf;
-      cuda::ReplayConfig config;
-      config.window = L;
-      config.recur = recur_buf.view;
-      config.recur_rounding = policy.recur.rounding;
-      config.seed = policy.seed;
-      config.heads_per_block = c.heads_per_block;
-      if (split) {
-        read_buf = std::make_unique<StateBuffers>(policy.read.format, s, read_ef);
-        config.read = read_buf->view;
-        config.read_rounding = policy.read.rounding;
-      }
+      PolicyBuffers buf(c, policy);
+      const StateBuffers& recur_buf = buf.recur;
+      const std::unique_ptr<StateBuffers>& read_buf = buf.read;
+      const cuda::ReplayConfig& config = buf.config;
       RecordBuffers rec(s, std::max(L, T) + T, std::vector<cuda::WindowState>(s.batch));
       rec.view.max_drafts = T;
       DeviceArray<int> accepted(s.batch);
@@ -766,19 +735,8 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
               }
             }
         }
-        if (read_ef && policy.recur.format == StorageFormat::fp32) {
-          const auto recur_bytes = recur_buf.payload.download();
-          const float* hp = reinterpret_cast<const float*>(recur_bytes.data());
-          const ReadCopyHost lp(*read_buf);
-          const std::vector<float> residual_after = read_buf->residual.download();
-          for (int b = 0; b < s.batch; ++b)
-            for (int hd = 0; folded[b] && hd < s.value_heads; ++hd) {
-              const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd, at = head * s.head_elements();
-              const bool same = lp.equals_quantized(hp + at, s.dv, s.dk, head, &residual_before[at], &residual_after[at]);
-              ++ef_checks;
-              ef_mismatch += !same;
-            }
-        }
+        if (read_ef && policy.recur.format == StorageFormat::fp32)
+          test::check_lp_writes(recur_buf, *read_buf, residual_before, folded, s, ef_checks, ef_mismatch);
         // T = 1 folds only at h = L, which L commits in a row reach (a standard step at h = L - 1 flushes first).
         const int steps = T == 1 ? 0 : boost::random::uniform_int_distribution<int>(0, 2)(rng);
         for (int st = 0; st < steps; ++st) {

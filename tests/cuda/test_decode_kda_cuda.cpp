@@ -636,19 +636,8 @@ TEST_CASE("KDA split-precision verification (Algorithm 3) and fp16 shared verifi
                                              ref.begin() + static_cast<std::ptrdiff_t>((t + 1) * per_token)));
             }
         }
-        if (read_ef && policy.recur.format == StorageFormat::fp32) {
-          const auto recur_bytes = recur_buf.payload.download();
-          const float* hp = reinterpret_cast<const float*>(recur_bytes.data());
-          const ReadCopyHost lp(*read_buf);
-          const std::vector<float> residual_after = read_buf->residual.download();
-          for (int b = 0; b < s.batch; ++b)
-            for (int hd = 0; folded[b] && hd < s.value_heads; ++hd) {
-              const std::size_t head = static_cast<std::size_t>(b) * s.value_heads + hd, at = head * s.head_elements();
-              const bool same = lp.equals_quantized(hp + at, s.dv, s.dk, head, &residual_before[at], &residual_after[at]);
-              ++ef_checks;
-              ef_mismatch += !same;
-            }
-        }
+        if (read_ef && policy.recur.format == StorageFormat::fp32)
+          test::check_lp_writes(recur_buf, *read_buf, residual_before, folded, s, ef_checks, ef_mismatch);
         const int steps = boost::random::uniform_int_distribution<int>(0, 2)(rng);
         for (int st = 0; st < steps; ++st) {
           const HostStep h = gen.make(s, 1);
