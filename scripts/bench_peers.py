@@ -25,7 +25,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if any(b <= 0 for b in args.batch) or args.window < 1:
         ap.error(f"--batch and --window must be positive (got {args.batch}, {args.window})")
-    rows = run_vllm_bench(args.vllm, args.shapes, args.batch, args.window, log=lambda line: print(line, flush=True))
+    try:
+        rows = run_vllm_bench(args.vllm, args.shapes, args.batch, args.window, log=lambda line: print(line, flush=True))
+    except FileNotFoundError as e:  # the peer's files were not fetched: say so, not a traceback
+        print(f"bench_peers.py: {e}", file=sys.stderr)
+        return 2
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)

@@ -39,14 +39,14 @@ def load_vllm_mamba_ops(root):
     """Imports vLLM's mamba_ssm and selective_state_update_replayssm_output_only modules from an
     extracted wheel under `root` (a directory holding vllm/model_executor/layers/mamba/ops) and
     returns (selective_state_update, selective_state_update_replayssm_output_only, version)."""
-    import torch
-    import triton
-    import triton.language as tl
-
     root = pathlib.Path(root)
     ops_dir = root / _OPS
     if not (ops_dir / "mamba_ssm.py").is_file():
         raise FileNotFoundError(f"{ops_dir}/mamba_ssm.py: not found; run scripts/fetch_peers.sh first")
+    import torch
+    import triton
+    import triton.language as tl
+
     version = (root / "VERSION").read_text().strip() if (root / "VERSION").is_file() else "?"
 
     class Platform:  # vllm.platforms.current_platform, the queries these kernels make
@@ -188,10 +188,10 @@ def _excess(got, want, tol):
 def run_vllm_bench(root, shapes=("nemotron-3-nano-4b", "nemotron-3-super"), batches=(32, 256), window=16, log=print):
     """Validates, then times, vLLM's conventional and ReplaySSM Mamba-2 decode kernels (FP32 state,
     staggered windows); returns rows (model, kernel, batch, us per step)."""
+    ssu, ssu_replay, version = load_vllm_mamba_ops(root)  # first: a missing extract is reported before torch loads
     import torch
     import triton
 
-    ssu, ssu_replay, version = load_vllm_mamba_ops(root)
     log(f"# vLLM {version} Mamba-2 decode kernels (from the wheel's files), torch {torch.__version__}, "
         f"triton {triton.__version__}, {torch.cuda.get_device_name()}; L = {window}, FP32 state, outputs bf16")
     log("| model | kernel | B | us/step | check: max |d| / (tol (rms + |ref|)) |")

@@ -332,6 +332,8 @@ TEST_CASE("ReplaySSM decode kernels with error feedback and appendix F skipping 
       ++n;
     }
   }
+  // A REPLAYSSM_DECODE_CASES filter that selects nothing would otherwise pass having tested nothing.
+  CHECK_MESSAGE(n > 0, "REPLAYSSM_DECODE_CASES selects no ef/skip replay case");
 }
 
 // Issue 13: the stochastically rounded recurrence copy compared bit for bit, not to a tolerance. The
