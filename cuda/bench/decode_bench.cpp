@@ -419,7 +419,7 @@ template <class Decoder>
 using DecoderGrid = std::vector<std::vector<std::unique_ptr<Decoder>>>;
 
 void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m, const std::vector<int>& windows,
-                   const std::vector<int>& drafts) {
+                   const std::vector<int>& drafts, int heads_per_block) {
   const DecodeShape& s = ws.s;
   const ssm::HeadGroupShape group{kind, s.dk, s.dv, s.value_heads / s.key_heads};
   KernelCheck check(ws, std::string(m.short_name));
@@ -458,6 +458,7 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
       auto cpu = grid([&](int b, int g) { return ssm::make_decoder(group, policy, id(b, g)); });
       ReplayConfig cfg;
       cfg.window = L;
+      cfg.heads_per_block = heads_per_block;
       cfg.recur = ws.fp32_state(0);
       if (read != StorageFormat::fp32) cfg.read = ws.lowp_state(read, 0);
       DeviceRecords rec = ws.records();
@@ -490,6 +491,7 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
       auto cpu = grid([&](int b, int g) { return ssm::make_decoder(group, policy, id(b, g)); });
       ReplayConfig cfg;
       cfg.window = L;
+      cfg.heads_per_block = heads_per_block;
       cfg.recur = ws.fp32_state(0);
       if (split) cfg.read = ws.lowp_state(StorageFormat::nvfp4, 0);
       if (policy.read.rounding == formats::Rounding::ef) {
@@ -876,13 +878,19 @@ int run_decode_bench(const BenchOptions& o) {
   const double copy_gbps = measure_copy_gbps(o.repeats);
   std::size_t free_bytes = 0, total_bytes = 0;
   REPLAYSSM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  DeviceArena arena(free_bytes - std::min<std::size_t>(free_bytes / 4, std::size_t{2} << 30));
+  const std::size_t spare = std::min<std::size_t>(free_bytes / 4, std::size_t{2} << 30);
+  const std::size_t wanted = o.arena_gib > 0 ? static_cast<std::size_t>(o.arena_gib * double(std::size_t{1} << 30)) : free_bytes - spare;
+  if (wanted > free_bytes)
+    throw std::invalid_argument(fmt::format("bench --arena-gib {}: only {:.1f} GiB of device memory is free", o.arena_gib,
+                                            double(free_bytes) / double(std::size_t{1} << 30)));
+  DeviceArena arena(wanted);
   DeviceArena::current() = &arena;
   struct Release {
     ~Release() { DeviceArena::current() = nullptr; }
   } release;
   std::printf("# replayssm bench on %s (%d SMs, L2 %d MB): device-to-device copy %.0f GB/s (read+write)\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbps);
+  if (o.heads_per_block > 0) std::printf("# standard replay step: %d value heads per block (--heads-per-block)\n", o.heads_per_block);
   if (o.schemes) {  // figure 7 alone
     write_csv(o.csv_out, scheme_table(o, arena, copy_gbps), copy_gbps);
     return 0;
@@ -907,7 +915,7 @@ int run_decode_bench(const BenchOptions& o) {
       arena.reset();  // the previous configuration's buffers are gone: start again at the base
       const DecodeShape s{B, m.key_heads, m.value_heads, m.dk, m.dv};
       Workspace ws(kind, s, max_window, max_drafts);
-      if (o.check) check_kernels(kind, ws, m, o.windows, o.drafts);
+      if (o.check) check_kernels(kind, ws, m, o.windows, o.drafts, o.heads_per_block);
       const ByteModel bm{s, kind};
       int copy = 0;
       auto next_copy = [&] { copy = (copy + 1) % ws.copies; return copy; };
@@ -936,6 +944,7 @@ int run_decode_bench(const BenchOptions& o) {
       for (int L : o.windows) {
         ReplayConfig cfg;
         cfg.window = L;
+        cfg.heads_per_block = o.heads_per_block;
         // Whole windows, sequences staggered (h_b = b mod L): every step has B/L flushing sequences.
         auto run_window = [&](const ReplayConfig& c) {
           DeviceRecords rec = ws.records();

@@ -16,6 +16,13 @@ struct BenchOptions {
   int repeats = 15;            // timed repetitions (median reported)
   std::string csv_out;         // optional: every measurement as CSV
   bool check = true;           // run one correctness check of each kernel before timing
+  // Value heads per block of the standard replay step (ReplayConfig::heads_per_block; 0: the
+  // launcher's choice). Verification keeps the launcher's choice.
+  int heads_per_block = 0;
+  // Device memory for the bench's buffers, GiB (0: all that is free but max(1/4, 2 GiB)). Under a
+  // profiler that replays kernels (Nsight Compute saves and restores the memory a kernel may write),
+  // give a few GiB: one arena the size of the GPU cannot be saved.
+  double arena_gib = 0.0;
   // Figure 7 alone (paper appendix A): the prior speculative state-recovery schemes
   // (cuda/ssm/prior_schemes.h) beside ReplaySSM's verification and the vLLM snapshot baseline, for
   // a = 1 and a = T, instead of the tables above. `replayssm bench --schemes` defaults to the paper's

@@ -469,7 +469,8 @@ inline void check_shape(const DecodeShape& s) {
 // Value heads per replay/verify block. Heads of one key head share the key products, so more
 // heads per block is less redundant work — but a small batch then leaves most SMs idle. Automatic
 // choice: the largest divisor of the heads per key head with NH * dv <= 256 (one thread per (head,
-// row) in the record phase) that still gives at least two blocks per SM; `requested` > 0 forces NH.
+// row) in the record phase) that still gives at least two blocks per SM; `requested` > 0 forces NH,
+// up to NH * dv <= max_rows (the standard replay step loops over rows, so it allows more: kMaxReplayRows).
 inline int sm_count() {
   static const int count = [] {
     int device = 0, n = 0;
@@ -479,12 +480,26 @@ inline int sm_count() {
   }();
   return count;
 }
+// Dynamic shared memory one block may opt in to (227 KB on an H200).
+inline std::size_t max_dynamic_smem() {
+  static const std::size_t bytes = [] {
+    int device = 0, n = 0;
+    REPLAYSSM_CUDA_CHECK(cudaGetDevice(&device));
+    REPLAYSSM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return static_cast<std::size_t>(n);
+  }();
+  return bytes;
+}
 
-inline int heads_per_block(const DecodeShape& s, int requested) {
-  auto allowed = [&](int nh) { return nh >= 1 && s.heads_per_group() % nh == 0 && nh * s.dv <= kThreads; };
+constexpr int kMaxReplayRows = 1024;
+inline int heads_per_block(const DecodeShape& s, int requested, int max_rows = kThreads) {
+  auto divides = [&](int nh) { return nh >= 1 && s.heads_per_group() % nh == 0; };
+  auto allowed = [&](int nh) { return divides(nh) && nh * s.dv <= kThreads; };
   if (requested > 0) {
-    if (!allowed(requested))
-      throw_invalid_argument("heads_per_block must divide the value heads per key head and keep heads_per_block * dv <= 256",
+    if (!divides(requested) || requested * s.dv > max_rows)
+      throw_invalid_argument(("heads_per_block must divide the value heads per key head and keep heads_per_block * dv <= " +
+                              std::to_string(max_rows))
+                                 .c_str(),
                              "heads_per_block", requested, "dv", s.dv);
     return requested;
   }

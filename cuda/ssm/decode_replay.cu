@@ -31,7 +31,14 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // recur (HP) checkpoint it just wrote, which holds S itself only when the recur copy is fp32.
   if (config.split() && read == StorageFormat::nvfp4 && config.recur.format != StorageFormat::fp32)
     throw std::invalid_argument("an NVFP4 read checkpoint needs an fp32 recurrence checkpoint in the kernels");
-  const int NH = heads_per_block(shape, config.heads_per_block);
+  // This step's kernels loop over the block's (head, row) pairs, so a forced NH may exceed 256 rows;
+  // the flush block's shared memory (the window's keys and every head's records) must still fit.
+  const int NH = heads_per_block(shape, config.heads_per_block, kMaxReplayRows);
+  const std::size_t flush_smem = sizeof(float) * replay_shared_floats(stage, shape.dk, shape.dv, NH, true);
+  if (flush_smem > max_dynamic_smem())
+    throw_invalid_argument("replay decode: heads_per_block too large for shared memory (the flush block stages the "
+                           "window for every head)",
+                           "heads_per_block", NH, "bytes", static_cast<long>(flush_smem));
   const ReplayArgs A = make_replay_args(shape, in, config, records, NH, stage);
   const dim3 grid(shape.value_heads / NH, shape.batch);
   launch_replay_nonflush(kind, read, A, grid, stream);

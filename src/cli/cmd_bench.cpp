@@ -30,6 +30,16 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--csv", o->csv_out, "also write every measurement as CSV");
   cmd->add_flag("--no-check{false}", o->check,
                 "skip the validation of each kernel against the CPU decoders that runs before it is timed");
+  cmd->add_option("--heads-per-block", o->heads_per_block,
+                  "value heads per block of the standard replay step (0: the launcher's choice; must divide the\n"
+                  "heads per key head, heads x dv <= 1024)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--arena-gib", o->arena_gib,
+                  "device memory for the bench's buffers in GiB (0: all that is free but max(1/4, 2 GiB)); give a\n"
+                  "few GiB under Nsight Compute, which saves the memory a replayed kernel may write")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   CLI::Option* shapes = cmd->get_option("--shapes");
   CLI::Option* batches = cmd->get_option("--batch");
   CLI::Option* drafts = cmd->get_option("--drafts");
