@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Outside peers of `replayssm bench` that implement this paper upstream: vLLM's Mamba-2 decode
-kernels (the tuned conventional `selective_state_update` and `selective_state_update_replayssm_output_only`),
-imported from the vllm wheel's files that scripts/fetch_peers.sh extracts, validated against a float64
-evaluation of the recurrence on the same inputs, then timed with triton.testing.do_bench (median).
+"""Outside peers of `replayssm bench` that implement this paper upstream, imported from the wheels' files
+that scripts/fetch_peers.sh extracts, validated against a float64 evaluation of the recurrence on the same
+inputs, then timed with triton.testing.do_bench (median):
+  vllm        vLLM's Mamba-2 decode kernels (the tuned conventional `selective_state_update` and
+              `selective_state_update_replayssm_output_only`); python/replayssm_py/peers_vllm.py.
+  flashinfer  FlashInfer's ReplaySSM Mamba-2 kernel `checkpointing_ssu` (monolithic and two-kernel),
+              prebuilt for sm_90a by fetch_peers.sh; python/replayssm_py/peers_flashinfer.py.
 Run it on the GPU machine in the same call as `replayssm-bench bench` so the ratios come from one run.
-Kernels and checks: python/replayssm_py/peers_vllm.py.
 """
 import argparse
 import csv
@@ -12,12 +14,18 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))  # this checkout's package
+from replayssm_py import peers_flashinfer, peers_vllm  # noqa: E402
 from replayssm_py.peers_vllm import MAMBA2_SHAPES, run_vllm_bench  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", choices=("vllm", "flashinfer", "both"), default="vllm", help="which peers to run")
     ap.add_argument("--vllm", default=".peers/vllm-0.33.0", help="extracted vllm files (scripts/fetch_peers.sh)")
+    ap.add_argument("--flashinfer", default=f".peers/flashinfer-{peers_flashinfer.VERSION}",
+                    help="extracted flashinfer files with the prebuilt module (scripts/fetch_peers.sh)")
+    ap.add_argument("--flashinfer-algorithm", nargs="+", choices=peers_flashinfer.ALGORITHMS,
+                    default=list(peers_flashinfer.ALGORITHMS), help="checkpointing_ssu code paths to time")
     ap.add_argument("--shapes", nargs="+", default=list(MAMBA2_SHAPES), choices=list(MAMBA2_SHAPES))
     ap.add_argument("--batch", type=int, nargs="+", default=[32, 256])
     ap.add_argument("--window", type=int, default=16)
@@ -25,9 +33,23 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if any(b <= 0 for b in args.batch) or args.window < 1:
         ap.error(f"--batch and --window must be positive (got {args.batch}, {args.window})")
+    peers = ("vllm", "flashinfer") if args.peers == "both" else (args.peers,)
+    # Every requested extract is checked before any peer runs (and before torch loads).
+    wanted = {"vllm": pathlib.Path(args.vllm) / peers_vllm._OPS / "mamba_ssm.py",
+              "flashinfer": pathlib.Path(args.flashinfer) / peers_flashinfer._SSU}
+    for peer in peers:
+        if not wanted[peer].is_file():
+            print(f"bench_peers.py: {wanted[peer]}: not found; run scripts/fetch_peers.sh first", file=sys.stderr)
+            return 2
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    rows = []
     try:
-        rows = run_vllm_bench(args.vllm, args.shapes, args.batch, args.window, log=lambda line: print(line, flush=True))
-    except FileNotFoundError as e:  # the peer's files were not fetched: say so, not a traceback
+        if "vllm" in peers:
+            rows += run_vllm_bench(args.vllm, args.shapes, args.batch, args.window, log=log)
+        if "flashinfer" in peers:
+            rows += peers_flashinfer.run_flashinfer_bench(args.flashinfer, args.shapes, args.batch, args.window, log=log,
+                                                          algorithms=tuple(args.flashinfer_algorithm))
+    except FileNotFoundError as e:  # the peer's files were not fetched (or not built): say so, not a traceback
         print(f"bench_peers.py: {e}", file=sys.stderr)
         return 2
     if args.csv:
