@@ -295,6 +295,11 @@ constexpr int flush_min_blocks() { return DK == 256 ? 2 : 3; }
 template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras>
 __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The non-flush kernel touches only non-flushing sequences (and reads the current window-state
+  // copy, which this kernel does not write): let it launch as soon as every block here has started.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const WindowState win = current_window(A.rec, bg.b);
   const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
@@ -329,10 +334,9 @@ void decode_detail::launch_replay_flush(ssm::Recurrence kind, StorageFormat recu
   const std::size_t smem = sizeof(float) * replay_shared_floats(A.stage, A.shape.dk, A.shape.dv, A.heads_per_block, true);
   with_kind(kind, [&](auto K) {
     with_dk(A.shape.dk, [&](auto DK) {
-      // A programmatic dependent launch of the non-flush kernel: the two work on disjoint sequences,
-      // so it may start before the non-flush grid has drained. (What follows in the stream still
-      // waits for both.)
-      auto launch = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, true, stream); };
+      // Launched first, as a plain launch; the non-flush kernel follows as its programmatic
+      // dependent (decode_replay.cu).
+      auto launch = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, false, stream); };
       const bool extras = A.recur_ef || A.read.residual != nullptr || A.skip_read > 0.0f || A.skip_flush > 0.0f;
       if (recur == StorageFormat::fp32) {
         if (extras) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), true>);

@@ -163,7 +163,8 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
 // A replay step is two launches over the same grid, so each path gets its own register budget
 // (the flush path needs far more registers, and sharing a kernel would cap the occupancy of the
 // non-flush path that most steps take): blocks whose sequence does not take that path exit at once.
-// Both read the current window state; the flush kernel, launched second, writes the next one.
+// Both read the current window state; the flush kernel (launched first, this one as its
+// programmatic dependent) writes the next one.
 // Blocks per SM the register budget is sized for (ptxas -v: no spills at these bounds). NVFP4
 // pieces hold 32 columns, so a lane's slice of q (and k) alone takes 32 (64) registers.
 template <ssm::Recurrence K, StorageFormat R, int DK>
@@ -175,11 +176,6 @@ constexpr int nonflush_min_blocks() {
 template <ssm::Recurrence K, StorageFormat R, int DK, bool kSkip>
 __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) replay_nonflush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The flush kernel touches only flushing sequences (and the other window-state copy): let it
-  // launch now, so its blocks fill this grid's tail and, at small batches, its launch overlaps.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const WindowState win = current_window(A.rec, bg.b);
   if (win.h + 1 < A.window) {  // else the flush kernel's sequence
@@ -199,8 +195,9 @@ void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat r
     with_dk(A.shape.dk, [&](auto DK) {
       // The skipping instantiation only when skipping is on (kSkip: see replay_nonflush_kernel).
       auto launch = [&](auto R) {
-        if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true>, A, grid, smem, false, stream);
-        else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false>, A, grid, smem, false, stream);
+        // A programmatic dependent launch of the flush kernel (decode_replay.cu says why).
+        if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true>, A, grid, smem, true, stream);
+        else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false>, A, grid, smem, true, stream);
       };
       using SF = StorageFormat;
       switch (read) {
