@@ -134,8 +134,21 @@ struct PolicyBuffers {
 };
 
 
-// One standard decode step of every sequence: replay_step on the GPU and step() on each CPU decoder
-// (indexed [b * G + g]), the GPU outputs and the CPU's collected into `meter`.
+// Steps every (sequence, key head) CPU decoder (indexed [b * G + g]) with token 0 of `h` and meters
+// the GPU outputs `out` of the same step against them.
+template <class Decoders>
+void cpu_step_compare(const DecodeShape& s, const HostStep& h, const std::vector<float>& out, Decoders& cpu,
+                      Collected& meter) {
+  for (int b = 0; b < s.batch; ++b)
+    for (int g = 0; g < s.key_heads; ++g) {
+      std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
+      cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
+      meter.add(out, (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv, ref);
+    }
+}
+
+// One standard decode step of every sequence: replay_step on the GPU and step() on each CPU decoder,
+// the GPU outputs and the CPU's collected into `meter`.
 template <class Decoders>
 void standard_step_both(const Case& c, const HostStep& h, const cuda::ReplayConfig& config, cuda::DeviceRecords& records,
                         Decoders& cpu, Collected& meter) {
@@ -143,13 +156,7 @@ void standard_step_both(const Case& c, const HostStep& h, const cuda::ReplayConf
   DeviceStep d(h, s.heads() * s.dv);
   cuda::replay_step(c.kind, s, d.inputs(), config, records, nullptr);
   REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto out = d.out.download();
-  for (int b = 0; b < s.batch; ++b)
-    for (int g = 0; g < s.key_heads; ++g) {
-      std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
-      cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
-      meter.add(out, (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv, ref);
-    }
+  cpu_step_compare(s, h, d.out.download(), cpu, meter);
 }
 
 }  // namespace
@@ -175,14 +182,7 @@ TEST_CASE("conventional decode kernels equal the CPU conventional decoder (fp32;
         DeviceStep d(h, s.heads() * s.dv);
         cuda::conventional_step(c.kind, s, d.inputs(), state.view, nullptr, policy.recur.rounding);
         REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto out = d.out.download();
-        for (int b = 0; b < s.batch; ++b)
-          for (int g = 0; g < s.key_heads; ++g) {
-            std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
-            cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
-            const std::size_t off = (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv;
-            meter.add(out, off, ref);
-          }
+        cpu_step_compare(s, h, d.out.download(), cpu, meter);
       }
       // fp16/bf16 states: the two sides round the same fp32 update (flips: check_with_flips).
       const double tol = f == StorageFormat::fp32 ? 1e-5 : f == StorageFormat::fp16 ? 2e-3 : 2e-2;
