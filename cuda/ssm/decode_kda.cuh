@@ -59,18 +59,34 @@ __device__ __forceinline__ void kda_write_record(const DeviceRecords& rec, std::
   if (threadIdx.x == 0) rec.beta[slot * H + head] = beta;
 }
 
+// Stages the keys (as fp32) and decay vectors of window positions 0..last into shared memory with
+// every thread of the block, so that all their loads are in flight together: the per-channel walk
+// below, reading them from global memory, waited on one dependent load pair per position. key(p) /
+// alpha(p): position p's bf16 key and fp32 decay vector. Whole block; synchronises at the end.
+template <int DK, class KeyAt, class AlphaAt>
+__device__ __forceinline__ void kda_stage_keys_decays(int last, KeyAt&& key, AlphaAt&& alpha, float* keys, float* alphas) {
+  for (int i = threadIdx.x; i < (last + 1) * DK; i += kThreads) {
+    const int p = i / DK, c = i % DK;
+    keys[i] = __bfloat162float(key(p)[c]);
+    alphas[i] = alpha(p)[c];
+  }
+  __syncthreads();
+}
+
 // Channel-wise decay weights of window positions 0..last (REPLAYSSM.md section 2 with per-channel
-// cumulative decays), walking back from `last` as ssm::output_only does: one thread per channel c,
+// cumulative decays) from the staged keys and decays, walking back from `last` as ssm::output_only
+// does: one thread per channel c,
 //   kw[p][c] = k_p[c] W_p[c],  W_p = prod_{l=p+1}^{last} a_l  (W_last = 1),
-// and returns G[c] = prod_{l=0}^{last} a_l to `done(c, G_c)`. key(p) / alpha(p): position p's bf16
-// key and fp32 decay vector. A caller that wants S_{t-1} Diag(a_t) rather than S_t passes last = t.
-template <int DK, class KeyAt, class AlphaAt, class Done>
-__device__ __forceinline__ void kda_weighted_keys(int last, KeyAt&& key, AlphaAt&& alpha, float* kw, Done&& done) {
+// and returns G[c] = prod_{l=0}^{last} a_l to `done(c, G_c)`. kw may be `keys` itself (in place). A
+// caller that wants S_{t-1} Diag(a_t) rather than S_t passes last = t.
+template <int DK, class Done>
+__device__ __forceinline__ void kda_weighted_keys(int last, const float* keys, const float* alphas, float* kw, Done&& done) {
   for (int c = threadIdx.x; c < DK; c += kThreads) {
     float w = 1.0f;
     for (int p = last; p >= 0; --p) {
-      kw[static_cast<std::size_t>(p) * DK + c] = __bfloat162float(key(p)[c]) * w;
-      w *= alpha(p)[c];
+      const std::size_t i = static_cast<std::size_t>(p) * DK + c;
+      kw[i] = keys[i] * w;
+      w *= alphas[i];
     }
     done(c, w);
   }

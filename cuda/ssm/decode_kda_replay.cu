@@ -1,8 +1,8 @@
 // ReplaySSM standard decode for KDA (Algorithm 4 with channel-wise decays; Algorithm 3 with a separate
 // low-precision read checkpoint): the non-flush kernel (output-only form from the read checkpoint)
 // and the flush kernel (REPLAY from the recur checkpoint, writing it and, split, the LP copy), launched
-// one after the other over the same grid of (value head, sequence) blocks, as decode_replay.cu does
-// for Mamba-2 and GDN. Window bookkeeping (WindowState, ring slots, the flush test h + 1 >= L) is the
+// over the same grid of (value head, sequence) blocks, the flush kernel first and the non-flush kernel
+// as its programmatic dependent, as decode_replay.cu does for Mamba-2 and GDN. Window bookkeeping (WindowState, ring slots, the flush test h + 1 >= L) is the
 // same as theirs, so commit_step and verify_step share the ring. Both kernels also implement error
 // feedback on the copies they write (+ef) and appendix F's decay-based checkpoint-read skipping.
 #include "ssm/decode_kda.cuh"
@@ -87,11 +87,12 @@ __device__ __forceinline__ float kda_replay_row(float (*x)[4], int h0, int row, 
 }
 
 // ---- non-flush step --------------------------------------------------------------------------
-// Shared memory (floats): scratch [kWarps], then either the output-only form's kw [L][DK], yq [DK],
-// yk [DK], u [L][dv], c1 [L], c2 [L], rows1 [dv], rows2 [dv], or (appendix F, a skipped read; only
-// when skipping is on) the raw records' keys [L][DK], decays [L][DK], v [L][dv], betas [L].
+// Shared memory (floats): scratch [kWarps], then either the output-only form's kw [L][DK], staged
+// decays [L][DK], y [3 DK] (G . q_t and G . k_t, piece-interleaved: see kda_y_index), u [L][dv],
+// c1 [L], c2 [L], rows1 [dv], rows2 [dv], or (appendix F, a skipped read; only when skipping is on)
+// the raw records' keys [L][DK], decays [L][DK], v [L][dv], betas [L].
 std::size_t nonflush_shared_floats(int L, int DK, int dv, bool skipping) {
-  const std::size_t output_only = static_cast<std::size_t>(L) * DK + 2 * static_cast<std::size_t>(DK) +
+  const std::size_t output_only = 2 * static_cast<std::size_t>(L) * DK + 3 * static_cast<std::size_t>(DK) +
                                   static_cast<std::size_t>(L) * dv + 2 * L + 2 * static_cast<std::size_t>(dv);
   const std::size_t raw = 2 * static_cast<std::size_t>(L) * DK + static_cast<std::size_t>(L) * dv + L;
   return kWarps + (skipping ? std::max(output_only, raw) : output_only);
@@ -135,6 +136,31 @@ __device__ __forceinline__ void kda_nonflush_skipped(const ReplayArgs& A, const 
   }
 }
 
+// Loads (not yet decoded) of row iterations [it0, it0 + kBatch) of the non-flush checkpoint stream.
+// A plain function, not a lambda: a closure holding these arrays put them in local memory.
+template <StorageFormat R, int DK, int kBatch, int P>
+__device__ __forceinline__ void kda_load_checkpoint_batch(const HeadView rv, int dv, int iterations, int it0,
+                                                          RawPiece (&raw)[kBatch][P]) {
+  using T = Tile<R, DK>;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    const int row = ((it0 + j) * kWarps + warp) * T::RW + T::row_in_iteration(lane);
+    const bool valid = it0 + j < iterations && row < dv;
+#pragma unroll
+    for (int p = 0; p < P; ++p) raw[j][p] = valid ? load_raw_piece<R, DK>(rv, row, T::col(lane, p)) : RawPiece{};
+  }
+}
+
+// Where G . q_t (v = 0) and G . k_t (v = 1) keep column c in shared memory: per state piece of E
+// columns, its E values of G . q_t, then its E of G . k_t, then 4 floats of padding, so that
+// dot_raw_piece can read a lane's piece as vec[v][e] straight from shared memory and the lanes of a
+// row, reading different pieces, fall on different banks. At most 3 DK floats.
+template <int E>
+__device__ __forceinline__ int kda_y_index(int c, int v) {
+  return (c / E) * (2 * E + 4) + v * E + c % E;
+}
+
 // Non-flush step of one value head, the output-only form with T = 1 (REPLAYSSM.md sections 2-3,
 // ssm::output_only for kda): with t = h0 the current window position and the channel-wise weights
 // W_p = prod_{l=p+1}^{t} a_l, G = prod_{l=0}^{t} a_l (the current decay included),
@@ -142,7 +168,9 @@ __device__ __forceinline__ void kda_nonflush_skipped(const ReplayArgs& A, const 
 //   u_t = b_t (v_t - S_{t-1} (a_t . k_t))
 //   o_t = S_ckpt (G . q_t) + sum_{p<=t} u_p ((W_p . k_p) . q_t)
 // One streaming read of the read checkpoint (LP when split, else the recur copy) gives both S_ckpt
-// products; no state is materialised. u_t goes to the ring for later steps.
+// products; no state is materialised. u_t goes to the ring for later steps. The stream does not
+// depend on the records, so (without skipping) its first batch of loads is issued before the record
+// phase and every later batch before the previous one is consumed, as decode_replay_nonflush.cu does.
 template <StorageFormat R, int DK>
 __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   extern __shared__ float smem[];
@@ -152,10 +180,10 @@ __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   const int L = A.window, h0 = win.h, dv = kb.dv;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float* scratch = smem;                                 // [kWarps]
-  float* kw = scratch + kWarps;                          // [L][DK] weighted keys
-  float* yq = kw + static_cast<std::size_t>(L) * DK;     // [DK] G . q_t
-  float* yk = yq + DK;                                   // [DK] G . k_t
-  float* vals = yk + DK;                                 // [L][dv] cached u_p
+  float* kw = scratch + kWarps;                          // [L][DK] staged keys, then weighted keys
+  float* al = kw + static_cast<std::size_t>(L) * DK;     // [L][DK] staged decays
+  float* y = al + static_cast<std::size_t>(L) * DK;      // [3 DK] G . q_t, G . k_t (kda_y_index)
+  float* vals = y + 3 * DK;                              // [L][dv] cached u_p
   float* c1 = vals + static_cast<std::size_t>(L) * dv;   // [L] (W_p . k_p) . q_t
   float* c2 = c1 + L;                                    // [L] (W_p . k_p) . k_t
   float* rows1 = c2 + L;                                 // [dv] S_ckpt (G . q_t)
@@ -164,29 +192,47 @@ __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   const __nv_bfloat16* q_t = A.in.q + (static_cast<std::size_t>(kb.b) * kb.G + kb.g) * DK;
   const float* a_t = kda_step_alpha(A.in.alpha, kb.hb, DK);
   const std::size_t slot_t = ring_slot(A.rec, kb.b, win, h0);
-  // B[h+1] <- (a, b, v, k) (u below, once known).
-  kda_write_record<DK>(A.rec, slot_t, kb.H, kb.G, kb.head, kb.g, kb.vh == 0, dv, k_t, A.in.v + kb.hb * dv, a_t,
-                       A.in.beta[kb.hb]);
-
   auto key_at = [&](int p) { return p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, kb.b, win, p) * kb.G + kb.g) * DK; };
   auto alpha_at = [&](int p) -> const float* {
     return p == h0 ? a_t : kda_record_alpha(A.rec, ring_slot(A.rec, kb.b, win, p), kb.H, kb.head, DK);
   };
-  // Appendix F against the threshold of the copy this step reads (block-uniform: one value head).
-  if (A.skip_read > 0.0f && kda_window_gamma<DK>(h0, alpha_at, scratch) < A.skip_read) {
-    kda_nonflush_skipped<DK>(A, kb, win, h0, slot_t, kw, key_at, alpha_at);
-    return;
+
+  using T = Tile<R, DK>;
+  constexpr int E = T::E, P = T::P, LPR = T::LPR, RW = T::RW;
+  constexpr int kBatch = R == StorageFormat::nvfp4 ? 2 : 4;  // row iterations whose loads are issued together
+  // By value: a reference chosen at run time between two kernel-parameter members would have to
+  // live in local memory.
+  const DeviceState read_state = A.split ? A.read : A.recur;
+  const HeadView rv = head_view(read_state, kb.hb, dv, DK);
+  const int iterations = (dv + kWarps * RW - 1) / (kWarps * RW);
+  const bool skip_on = A.skip_read > 0.0f;
+  RawPiece raw[kBatch][P];
+  if (!skip_on) kda_load_checkpoint_batch<R, DK>(rv, dv, iterations, 0, raw);
+
+  // B[h+1] <- (a, b, v, k) (u below, once known).
+  kda_write_record<DK>(A.rec, slot_t, kb.H, kb.G, kb.head, kb.g, kb.vh == 0, dv, k_t, A.in.v + kb.hb * dv, a_t,
+                       A.in.beta[kb.hb]);
+  // Appendix F against the threshold of the copy this step reads (block-uniform: one value head);
+  // decided before any checkpoint load, so a skipped read loads nothing.
+  if (skip_on) {
+    if (kda_window_gamma<DK>(h0, alpha_at, scratch) < A.skip_read) {
+      kda_nonflush_skipped<DK>(A, kb, win, h0, slot_t, kw, key_at, alpha_at);
+      return;
+    }
+    kda_load_checkpoint_batch<R, DK>(rv, dv, iterations, 0, raw);
   }
 
-  // Record phase: weighted keys and G (one thread per channel), the cached corrections.
-  kda_weighted_keys<DK>(h0, key_at, alpha_at, kw, [&](int c, float gc) {
-    yq[c] = __bfloat162float(q_t[c]) * gc;  // the Y rows of ssm::output_only: q . G, k . G
-    yk[c] = __bfloat162float(k_t[c]) * gc;
-  });
+  // Record phase: the cached corrections and the staged keys and decays (all loads in flight at
+  // once), then the weighted keys and G (one thread per channel) and the key products.
   for (int i = threadIdx.x; i < h0 * dv; i += kThreads) {
     const int p = i / dv, r = i % dv;
     vals[i] = A.rec.u[(ring_slot(A.rec, kb.b, win, p) * kb.H + kb.head) * dv + r];
   }
+  kda_stage_keys_decays<DK>(h0, key_at, alpha_at, kw, al);
+  kda_weighted_keys<DK>(h0, kw, al, kw, [&](int c, float gc) {
+    y[kda_y_index<E>(c, 0)] = __bfloat162float(q_t[c]) * gc;  // the Y rows of ssm::output_only: q . G, k . G
+    y[kda_y_index<E>(c, 1)] = __bfloat162float(k_t[c]) * gc;
+  });
   __syncthreads();
   for (int p = warp; p <= h0; p += kWarps) {  // key products, one warp per position
     const float s1 = warp_dot_f32_bf16<DK>(kw + static_cast<std::size_t>(p) * DK, q_t, lane);
@@ -197,38 +243,41 @@ __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
     }
   }
 
-  // Stream the read checkpoint: rows1 = S_ckpt (G . q_t), rows2 = S_ckpt (G . k_t).
+  // Stream the read checkpoint: rows1 = S_ckpt (G . q_t), rows2 = S_ckpt (G . k_t). Pieces of 16 or
+  // 32 columns (fp8b128, nvfp4) read the lane's slices of G . q_t and G . k_t from shared memory
+  // inside the product: held in registers they took 64 of them for NVFP4 and halved the blocks per
+  // SM, and a KDA block streams only one head (two NVFP4 row iterations), so nothing is re-read much.
   {
-    using T = Tile<R, DK>;
-    constexpr int E = T::E, P = T::P, LPR = T::LPR, RW = T::RW;
-    constexpr int kBatch = R == StorageFormat::nvfp4 ? 2 : 4;  // row iterations whose loads are issued together
-    float vecs[P][2][E];
+    constexpr bool kVecsInShared = E >= 16;
+    float vecs[kVecsInShared ? 1 : P][2][E];
+    if constexpr (!kVecsInShared) {
 #pragma unroll
-    for (int p = 0; p < P; ++p)
+      for (int p = 0; p < P; ++p)
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        vecs[p][0][e] = yq[T::col(lane, p) + e];
-        vecs[p][1][e] = yk[T::col(lane, p) + e];
-      }
-    const DeviceState read_state = A.split ? A.read : A.recur;
-    const HeadView rv = head_view(read_state, kb.hb, dv, DK);
-    const int iterations = (dv + kWarps * RW - 1) / (kWarps * RW);
+        for (int e = 0; e < E; ++e) {
+          vecs[p][0][e] = y[kda_y_index<E>(T::col(lane, p) + e, 0)];
+          vecs[p][1][e] = y[kda_y_index<E>(T::col(lane, p) + e, 1)];
+        }
+    }
+    auto piece_vecs = [&](int p) -> const float(*)[E] {
+      if constexpr (kVecsInShared) return reinterpret_cast<const float(*)[E]>(y + kda_y_index<E>(T::col(lane, p), 0));
+      else return vecs[p];
+    };
     for (int it0 = 0; it0 < iterations; it0 += kBatch) {  // uniform per warp: the row sums shuffle
-      RawPiece raw[kBatch][P];
-      int rows[kBatch];
+      RawPiece cur[kBatch][P];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+#pragma unroll
+        for (int p = 0; p < P; ++p) cur[j][p] = raw[j][p];
+      if (it0 + kBatch < iterations) kda_load_checkpoint_batch<R, DK>(rv, dv, iterations, it0 + kBatch, raw);
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
-        rows[j] = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
-#pragma unroll
-        for (int p = 0; p < P; ++p) raw[j][p] = rows[j] < dv ? load_raw_piece<R, DK>(rv, rows[j], T::col(lane, p)) : RawPiece{};
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
+        const int row = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
         float acc[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int p = 0; p < P; ++p) dot_raw_piece<R, 2>(raw[j][p], rv.tensor_scale, vecs[p], acc);
+        for (int p = 0; p < P; ++p) dot_raw_piece<R, 2>(cur[j][p], rv.tensor_scale, piece_vecs(p), acc);
         const float s1 = row_sum<LPR>(acc[0]), s2 = row_sum<LPR>(acc[1]);
-        if (rows[j] < dv && lane % LPR == 0) rows1[rows[j]] = s1, rows2[rows[j]] = s2;
+        if (it0 + j < iterations && row < dv && lane % LPR == 0) rows1[row] = s1, rows2[row] = s2;
       }
     }
   }
@@ -256,11 +305,12 @@ __global__ void __launch_bounds__(kThreads) kda_nonflush_kernel(ReplayArgs A) {
 }
 
 // ---- flush step ------------------------------------------------------------------------------
-// Shared memory (floats): scratch [kWarps], keys [S][DK], decays [S][DK] (raw layout), G [DK],
-// vals [S][dv], betas [S]; S = the launch's `stage`. The raw layout (u recomputed from the raw
-// records) serves split flushes and, when skipping is on, skipped flushes of shared ones.
-std::size_t flush_shared_floats(int S, int DK, int dv, bool raw_layout) {
-  return kWarps + (raw_layout ? 2 : 1) * static_cast<std::size_t>(S) * DK + DK + static_cast<std::size_t>(S) * dv + S;
+// Shared memory (floats): scratch [kWarps], keys [S][DK], decays [S][DK], G [DK], vals [S][dv],
+// betas [S]; S = the launch's `stage`. The closed form stages the keys and decays and turns the keys
+// into weighted keys in place; the raw layout (u recomputed from the raw records) serves split
+// flushes and, when skipping is on, skipped flushes of shared ones.
+std::size_t flush_shared_floats(int S, int DK, int dv) {
+  return kWarps + 2 * static_cast<std::size_t>(S) * DK + DK + static_cast<std::size_t>(S) * dv + S;
 }
 
 // Flush of one value head (h0 + 1 >= L; more than L records only after a verification commit):
@@ -282,6 +332,11 @@ std::size_t flush_shared_floats(int S, int DK, int dv, bool raw_layout) {
 template <StorageFormat F, int DK>
 __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
   extern __shared__ float smem[];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The non-flush kernel touches only non-flushing sequences (and reads the current window-state
+  // copy, which this kernel does not write): let it launch as soon as every block here has started.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   const KdaBlock kb = kda_block(A.shape);
   const WindowState win = current_window(A.rec, kb.b);
   const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
@@ -302,14 +357,13 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
   // The current record is not appended to the ring: the flush drops all h0 + 1 records.
   const int h0 = win.h, S = A.stage, dv = kb.dv;
   const bool split = A.split;
-  const bool raw_layout = split || A.skip_flush > 0.0f;  // as the launcher sized the shared memory
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* scratch = smem;                                                      // [kWarps]
-  float* keys = scratch + kWarps;                                             // [S][DK]
-  float* alphas = keys + static_cast<std::size_t>(S) * DK;                    // [S][DK] (raw layout)
-  float* gdec = alphas + (raw_layout ? static_cast<std::size_t>(S) * DK : 0);  // [DK] (closed form)
-  float* vals = gdec + DK;                                                    // [S][dv]
-  float* betas = vals + static_cast<std::size_t>(S) * dv;                     // [S] (raw layout)
+  float* scratch = smem;                                        // [kWarps]
+  float* keys = scratch + kWarps;                               // [S][DK]
+  float* alphas = keys + static_cast<std::size_t>(S) * DK;      // [S][DK]
+  float* gdec = alphas + static_cast<std::size_t>(S) * DK;      // [DK] (closed form)
+  float* vals = gdec + DK;                                      // [S][dv]
+  float* betas = vals + static_cast<std::size_t>(S) * dv;       // [S] (raw layout)
   const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(kb.b) * kb.G + kb.g) * DK;
   const __nv_bfloat16* q_t = A.in.q + (static_cast<std::size_t>(kb.b) * kb.G + kb.g) * DK;
   const float* a_t = kda_step_alpha(A.in.alpha, kb.hb, DK);
@@ -323,11 +377,12 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
   const bool skip = A.skip_flush > 0.0f && kda_window_gamma<DK>(h0, alpha_at, scratch) < A.skip_flush;
   const bool recompute = split || skip;  // every u recomputed from the raw records
   if (!recompute) {
-    kda_weighted_keys<DK>(h0, key_at, alpha_at, keys, [&](int c, float gc) { gdec[c] = gc; });
     for (int i = threadIdx.x; i < h0 * dv; i += kThreads) {
       const int p = i / dv, r = i % dv;
       vals[i] = A.rec.u[(slot_of(p) * kb.H + kb.head) * dv + r];
     }
+    kda_stage_keys_decays<DK>(h0, key_at, alpha_at, keys, alphas);
+    kda_weighted_keys<DK>(h0, keys, alphas, keys, [&](int c, float gc) { gdec[c] = gc; });
   } else {
     kda_stage_raw_records<DK>(A, kb, win, h0, key_at, alpha_at, keys, alphas, vals, betas);
   }
@@ -347,15 +402,28 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
   const bool need_amax = split && A.read.format == StorageFormat::nvfp4;
   float local_amax = 0.0f;
   const int iterations = (dv + kWarps * RW - 1) / (kWarps * RW);
+  // The next two iterations' rows are loaded before this one is folded (rows are independent, and
+  // each is written only by the lanes that read it): their DRAM latency overlaps the folds.
+  auto load_row = [&](int it, float (*x)[E]) {
+    const int row = (it * kWarps + warp) * RW + T::row_in_iteration(lane);
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (it < iterations && row < dv && !skip) load4<F, DK>(recur_view, row, T::col(lane, p), x[p]);
+      else x[p][0] = x[p][1] = x[p][2] = x[p][3] = 0.0f;
+    }
+  };
+  float next_x[P][E], after_x[P][E];
+  load_row(0, next_x);
+  load_row(1, after_x);
   for (int it = 0; it < iterations; ++it) {  // uniform per warp: the row sums shuffle
     const int row = (it * kWarps + warp) * RW + T::row_in_iteration(lane);
     const bool valid = row < dv;
     float x[P][E];
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      if (valid && !skip) load4<F, DK>(recur_view, row, T::col(lane, p), x[p]);
-      else x[p][0] = x[p][1] = x[p][2] = x[p][3] = 0.0f;
-    }
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int e = 0; e < E; ++e) x[p][e] = next_x[p][e], next_x[p][e] = after_x[p][e];
+    load_row(it + 2, after_x);
     if (!recompute) {
 #pragma unroll
       for (int p = 0; p < P; ++p)
@@ -477,10 +545,15 @@ void kda_detail::replay_step(const DecodeShape& shape, const StepInputs& in, con
   const dim3 grid(shape.value_heads, shape.batch);
   const std::size_t nonflush_smem =
       sizeof(float) * nonflush_shared_floats(config.window, shape.dk, shape.dv, A.skip_read > 0.0f);
-  const std::size_t flush_smem =
-      sizeof(float) * flush_shared_floats(stage, shape.dk, shape.dv, config.split() || A.skip_flush > 0.0f);
+  const std::size_t flush_smem = sizeof(float) * flush_shared_floats(stage, shape.dk, shape.dv);
   with_dk(shape.dk, [&](auto DK) {
-    auto nonflush = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, nonflush_smem, false, stream); };
+    // The flush kernel first, as a plain launch; the non-flush kernel follows as its programmatic
+    // dependent, so its blocks start while the flush kernel's last ones still run (the two touch
+    // disjoint sequences; decode_replay.cu says why this order).
+    auto flush = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, flush_smem, false, stream); };
+    if (config.recur.format == StorageFormat::fp32) flush(kda_flush_kernel<StorageFormat::fp32, DK()>);
+    else flush(kda_flush_kernel<StorageFormat::fp16, DK()>);
+    auto nonflush = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, nonflush_smem, true, stream); };
     switch (read) {
       case StorageFormat::fp32: nonflush(kda_nonflush_kernel<StorageFormat::fp32, DK()>); break;
       case StorageFormat::fp16: nonflush(kda_nonflush_kernel<StorageFormat::fp16, DK()>); break;
@@ -490,11 +563,6 @@ void kda_detail::replay_step(const DecodeShape& shape, const StepInputs& in, con
         break;
       default: nonflush(kda_nonflush_kernel<StorageFormat::nvfp4, DK()>); break;
     }
-    // A plain (not programmatic) launch: it runs after every non-flush block, which keeps the
-    // window-state and ring accesses of the step trivially ordered.
-    auto flush = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, flush_smem, false, stream); };
-    if (config.recur.format == StorageFormat::fp32) flush(kda_flush_kernel<StorageFormat::fp32, DK()>);
-    else flush(kda_flush_kernel<StorageFormat::fp16, DK()>);
   });
   REPLAYSSM_CUDA_CHECK_LAUNCH();
   advance_host_parity(records);

@@ -23,10 +23,10 @@ struct KdaVerifyArgs {
 
 // Shared memory (floats), NP = HM + T positions: kw [NP][DK] (one draft's weighted keys, then the
 // fold's), y [2T][DK] (G_s . q_s, then G_s . k_{h+s}), fold G [DK], committed u [HM][dv],
-// mq, mk [NP][T], rows [2T][dv] (S_ckpt y_i), betas [T].
+// mq, mk [NP][T], rows [2T][dv] (S_ckpt y_i), betas [T], staged keys and decays [NP][DK] each.
 std::size_t verify_shared_floats(int HM, int T, int DK, int dv) {
   const std::size_t NP = static_cast<std::size_t>(HM) + T;
-  return NP * DK + 2 * static_cast<std::size_t>(T) * DK + DK + static_cast<std::size_t>(HM) * dv + 2 * NP * T +
+  return 3 * NP * DK + 2 * static_cast<std::size_t>(T) * DK + DK + static_cast<std::size_t>(HM) * dv + 2 * NP * T +
          2 * static_cast<std::size_t>(T) * dv + T;
 }
 
@@ -59,6 +59,8 @@ __device__ __forceinline__ void kda_verify_body(const KdaVerifyArgs& A) {
   float* mk = mq + NP * TD;                                  // [NP][TD]
   float* rows = mk + NP * TD;                                // [2TD][dv]
   float* betas = rows + 2 * TD * dv;                         // [TD]
+  float* keys = betas + TD;                                  // [NP][DK] staged keys (fp32)
+  float* alphas = keys + static_cast<std::size_t>(NP) * DK;  // [NP][DK] staged decays
   auto slot_of = [&](int p) { return ring_slot(A.rec, kb.b, win, p); };
   auto in_head = [&](int s) { return (static_cast<std::size_t>(kb.b) * TD + s) * kb.H + kb.head; };
   auto draft_k = [&](int s) { return A.in.k + ((static_cast<std::size_t>(kb.b) * TD + s) * kb.G + kb.g) * DK; };
@@ -79,13 +81,16 @@ __device__ __forceinline__ void kda_verify_body(const KdaVerifyArgs& A) {
     vals[i] = A.rec.u[(slot_of(p) * kb.H + kb.head) * dv + r];
   }
   if (threadIdx.x < TD) betas[threadIdx.x] = A.in.beta[in_head(threadIdx.x)];
+  // The keys and decays of every position once (all loads in flight together); each draft's weights
+  // below are built from them in shared memory.
+  kda_stage_keys_decays<DK>(h + TD - 1, key_at, alpha_at, keys, alphas);
 
   // Per draft: its weighted keys (one thread per channel), then its key products (a warp per position).
   for (int s = 0; s < TD; ++s) {
     __syncthreads();  // the previous draft's products have read kw
     const __nv_bfloat16* qs = draft_q(s);
     const __nv_bfloat16* ks = draft_k(s);
-    kda_weighted_keys<DK>(h + s, key_at, alpha_at, kw, [&](int c, float gc) {
+    kda_weighted_keys<DK>(h + s, keys, alphas, kw, [&](int c, float gc) {
       y[s * DK + c] = __bfloat162float(qs[c]) * gc;  // G_s . q_s
       y[(TD + s) * DK + c] = __bfloat162float(ks[c]) * gc;  // G_s . k_{h+s}
     });
@@ -101,7 +106,7 @@ __device__ __forceinline__ void kda_verify_body(const KdaVerifyArgs& A) {
   }
   __syncthreads();
   if (fold) {  // the committed records' weights up to position h - 1, for the flush
-    kda_weighted_keys<DK>(h - 1, key_at, alpha_at, kw, [&](int c, float gc) { gfold[c] = gc; });
+    kda_weighted_keys<DK>(h - 1, keys, alphas, kw, [&](int c, float gc) { gfold[c] = gc; });
     __syncthreads();
   }
 
@@ -113,15 +118,27 @@ __device__ __forceinline__ void kda_verify_body(const KdaVerifyArgs& A) {
     float gv[P][E];
     if (fold) load_lane_f32<P, LPR>(gfold, lane, gv);
     const int iterations = (dv + kWarps * RW - 1) / (kWarps * RW);
+    // The next iteration's row is loaded before this one is used (each row is written back only by
+    // the lanes that read it): its DRAM latency overlaps the products and the fold.
+    auto load_row = [&](int it, float (*x)[E]) {
+      const int row = (it * kWarps + warp) * RW + T::row_in_iteration(lane);
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        if (it < iterations && row < dv) load4<StorageFormat::fp32, DK>(ck, row, T::col(lane, p), x[p]);
+        else x[p][0] = x[p][1] = x[p][2] = x[p][3] = 0.0f;
+      }
+    };
+    float next_x[P][E];
+    load_row(0, next_x);
     for (int it = 0; it < iterations; ++it) {  // uniform per warp: the row sums shuffle
       const int row = (it * kWarps + warp) * RW + T::row_in_iteration(lane);
       const bool valid = row < dv;
       float x[P][E];
 #pragma unroll
-      for (int p = 0; p < P; ++p) {
-        if (valid) load4<StorageFormat::fp32, DK>(ck, row, T::col(lane, p), x[p]);
-        else x[p][0] = x[p][1] = x[p][2] = x[p][3] = 0.0f;
-      }
+      for (int p = 0; p < P; ++p)
+#pragma unroll
+        for (int e = 0; e < E; ++e) x[p][e] = next_x[p][e];
+      load_row(it + 1, next_x);
 #pragma unroll
       for (int i = 0; i < 2 * TD; ++i) {
         float yv[P][E];
@@ -219,6 +236,9 @@ void kda_detail::verify_step(const DecodeShape& shape, int drafts, const StepInp
   const KdaVerifyArgs A{shape, in, config.window, config.recur, records, max_committed};
   const dim3 grid(shape.value_heads, shape.batch);
   const std::size_t smem = sizeof(float) * verify_shared_floats(max_committed, drafts, shape.dk, shape.dv);
+  if (smem > max_dynamic_smem())
+    throw_invalid_argument("kda verification: the staged records of max(L, T) + T positions exceed shared memory",
+                           "positions", max_committed + drafts, "bytes", static_cast<long>(smem));
   with_dk(shape.dk, [&](auto DK) {
     with_drafts(drafts, [&](auto TD) {
       auto kernel = kda_verify_kernel<DK(), TD()>;
