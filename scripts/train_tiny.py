@@ -129,6 +129,12 @@ PG-19 folder is there, ``replayssm info OUT --decays --text-dir PG19 --length --
 heads >= 1,000 tokens) and bits per byte go into the card; otherwise the card says why it was skipped,
 and ``--add-decays OUT`` adds it later (e.g. here, after training on a GPU machine that has no replayssm).
 
+Memory trace (train_log.json ``log[]``): at every logged step, the quantiles of the memories 1/(1 - alpha)
+the weights imply with the input's share of dt at 0 (``memory``), and of 1/(1 - mean alpha) of the decays
+the model applies on two fixed 4,096-byte windows of the training text (``memory_text``, the input's share
+included: for Gated DeltaNet the two differ by an order of magnitude, experiments/training/README.md). The
+card states how both moved over the last 20% of the steps: whether the spectrum settled.
+
 Without mamba_ssm / causal-conv1d / flash-linear-attention, transformers falls back to its reference
 PyTorch code (a warning says so). For Gated DeltaNet that path (chunked, triangular solves and matmuls)
 is fast enough. Mamba-2's reference chunk scan materialises broadcast products of size

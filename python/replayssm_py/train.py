@@ -467,6 +467,95 @@ class GatedDeltaChunk:
         return False
 
 
+# ---- the decays a forward pass uses, measured on text --------------------------------------------------
+
+# Where transformers' mixers hand over each layer's decays (whatever MambaScan / GatedDeltaChunk put there):
+# arch -> (module, function, the positional names its decay arguments may take).
+_MAMBA_SCAN = ("mamba2_chunk_scan", ("hidden_states", "dt", "A", "B", "C", "chunk_size", "D"))
+_DELTA_RULE_ARGS = ("query", "key", "value", "g", "beta")
+DECAY_SITES = {"mamba2": [("transformers.models.mamba2.modeling_mamba2", *_MAMBA_SCAN)],
+               "nemotron_h": [("transformers.models.nemotron_h.modeling_nemotron_h", *_MAMBA_SCAN)],
+               "qwen3_5": [(DELTA_RULES["qwen3_5"][0], DELTA_RULES["qwen3_5"][1], _DELTA_RULE_ARGS)],
+               "kimi_linear": [(DELTA_RULES["kimi_linear"][0], DELTA_RULES["kimi_linear"][1], _DELTA_RULE_ARGS)]}
+PROBE_BYTES = 4096  # bytes per window of the text-measured memory trace
+PROBE_WINDOWS = 2   # windows, at offsets 0 and len/2 of the training text
+
+
+class DecayProbe:
+    """Context manager: while active, every Mamba-2 / delta-rule layer that runs records the mean over the
+    forward's positions (and batch) of its per-token decay alpha: per head for Mamba-2 and Gated DeltaNet, per
+    head and key channel for KDA (head-major), in layer order, into `self.means` (lists of floats). It wraps the
+    module-level functions the mixers call, so it sees the decays the model actually applies, the input's share
+    included: Mamba-2 alpha = exp(A softplus(dt + dt_bias)) clamped as the scan clamps dt, GDN/KDA
+    alpha = exp(g) (g the log-decay the rule receives). head_memories reads only the weights (input's share at
+    0), which for GDN heads differs by an order of magnitude from what text gives (experiments/training/README.md)."""
+
+    def __init__(self, arch):
+        import importlib
+        self.sites = [(importlib.import_module(mod), name, names) for mod, name, names in DECAY_SITES.get(arch, [])]
+        self.means, self.saved = [], []
+
+    @staticmethod
+    def _arg(a, k, names, name):
+        return k[name] if name in k else a[names.index(name)]
+
+    def _wrap(self, f, names):
+        import torch
+        import torch.nn.functional as F
+
+        def recording(*a, **k):
+            with torch.no_grad():
+                # float64 from the layer's own inputs: 1 - alpha of a 10^4-token head is 1e-4, where a float32
+                # exp would already be off by 5e-4 of it.
+                if "dt" in names:  # Mamba-2: the scan's own dt transform (mamba2_chunk_scan's arguments)
+                    dt = self._arg(a, k, names, "dt").double()
+                    if k.get("dt_bias") is not None:
+                        dt = dt + k["dt_bias"].double()
+                    if k.get("dt_softplus", False):
+                        dt = F.softplus(dt)
+                    lo, hi = k.get("dt_limit", (0.0, float("inf")))
+                    alpha = torch.exp(self._arg(a, k, names, "A").double() * dt.clamp(min=lo, max=hi))  # [b, t, h]
+                else:  # GDN g [b, t, h], KDA g [b, t, h, dk]: log-decays
+                    alpha = torch.exp(self._arg(a, k, names, "g").double())
+                self.means.append(alpha.mean(dim=(0, 1)).reshape(-1).tolist())
+            return f(*a, **k)
+
+        return recording
+
+    def __enter__(self):
+        self.saved = [getattr(m, name) for m, name, _ in self.sites]
+        for (m, name, names), f in zip(self.sites, self.saved):
+            setattr(m, name, self._wrap(f, names))
+        return self
+
+    def __exit__(self, *exc):
+        for (m, name, _), f in zip(self.sites, self.saved):
+            setattr(m, name, f)
+        return False
+
+
+def probe_windows(corpus, torch, device, length=PROBE_BYTES, windows=PROBE_WINDOWS):
+    """The fixed text of the measured memory trace: `windows` windows of `length` bytes (shorter when the text
+    is) of the training text, at offsets i * len / windows. Training text only: the PG-19 test books stay out."""
+    length = max(1, min(length, len(corpus) // windows))
+    starts = [i * (len(corpus) // windows) for i in range(windows)]
+    rows = [list(corpus[s:s + length]) for s in starts]
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def text_memories(model, probe, arch, torch, amp):
+    """[[1/(1 - mean alpha)] per layer] of the decays `model` applies on the token windows `probe` (DecayProbe;
+    one no-grad forward, the training's autocast); None for an architecture without decays."""
+    if arch not in DECAY_SITES:
+        return None
+    was_training = model.training
+    model.eval()
+    with DecayProbe(arch) as p, torch.no_grad(), torch.autocast(probe.device.type, dtype=torch.bfloat16, enabled=amp):
+        model(input_ids=probe, use_cache=False)
+    model.train(was_training)
+    return [[1.0 / (1.0 - a) if a < 1.0 else math.inf for a in layer] for layer in p.means]
+
+
 # ---- long-memory initialisation ---------------------------------------------------------------------
 
 DEFAULT_INIT_MEMORY = (10.0, 1e4)  # tokens: the log-uniform span of --decay-init log-uniform
@@ -554,25 +643,31 @@ def memory_summary(memories, long_tokens=1000.0):
 
 
 def memory_trace_line(log_entries, kda):
-    """The card's sentence on how the weight-implied spectrum moved over training (None without a trace)."""
-    trace = [(e["step"], e["memory"]) for e in log_entries or [] if e.get("memory")]
-    if len(trace) < 2:
-        return None
-    last_step, last = trace[-1]
-    # The last logged step at or before 80% of the training: how much the spectrum moved since.
-    ref_step, ref = max(((st, m) for st, m in trace if st <= 0.8 * last_step), default=trace[0])
-    moved = abs(last["median"] - ref["median"]) / ref["median"] if ref["median"] else float("nan")
+    """The card's sentences on how the memories moved over training: from the weights (`memory`) and, when the
+    log has it, measured on the probe text (`memory_text`). None without a trace."""
     who = "channels" if kda else "heads"
-    picks = [trace[0], trace[len(trace) // 4], trace[len(trace) // 2], trace[3 * len(trace) // 4], trace[-1]]
-    seen, marks = set(), []
-    for st, m in picks:
-        if st not in seen:
-            seen.add(st)
-            marks.append(f"step {st}: {_tokens(m['median'])} ({m['at_least_1000']} ≥ 1,000)")
-    return (f"Over training (from the weights at every logged step, input's share of dt at 0; train_log.json "
-            f"`log[].memory`), median memory of the {last['n']} {who}: " + ", ".join(marks) +
-            f". From step {ref_step} (80% of the steps) to the end the median moved {100 * moved:.1f}%"
-            f" and the {who} of ≥ 1,000 tokens went from {ref['at_least_1000']} to {last['at_least_1000']}.")
+    out = []
+    for key, what in (("memory", "from the weights at every logged step, input's share of dt at 0"),
+                      ("memory_text", f"measured on text at every logged step: 1/(1 - mean alpha) over "
+                                      f"{PROBE_WINDOWS} windows of {PROBE_BYTES:,} bytes of the training text")):
+        trace = [(e["step"], e[key]) for e in log_entries or [] if e.get(key)]
+        if len(trace) < 2:
+            continue
+        last_step, last = trace[-1]
+        # The last logged step at or before 80% of the training: how much the spectrum moved since.
+        ref_step, ref = max(((st, m) for st, m in trace if st <= 0.8 * last_step), default=trace[0])
+        moved = abs(last["median"] - ref["median"]) / ref["median"] if ref["median"] else float("nan")
+        picks = [trace[0], trace[len(trace) // 4], trace[len(trace) // 2], trace[3 * len(trace) // 4], trace[-1]]
+        seen, marks = set(), []
+        for st, m in picks:
+            if st not in seen:
+                seen.add(st)
+                marks.append(f"step {st}: {_tokens(m['median'])} ({m['at_least_1000']} ≥ 1,000)")
+        out.append(f"Over training ({what}; train_log.json `log[].{key}`), median memory of the {last['n']} {who}: "
+                   + ", ".join(marks) + f". From step {ref_step} (80% of the steps) to the end the median moved "
+                   f"{100 * moved:.1f}% and the {who} of ≥ 1,000 tokens went from {ref['at_least_1000']} to "
+                   f"{last['at_least_1000']}.")
+    return " ".join(out) if out else None
 
 
 def head_memories(model, torch):
@@ -712,6 +807,7 @@ def train(model, corpus, args, device, torch, log, resume=None):
     run_losses = torch.zeros(max(0, total - step), device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     offsets = {}
+    probe = probe_windows(corpus, torch, device)
 
     def generators():
         g = {"sampler": gen, "torch_cpu": torch.get_rng_state()}
@@ -804,7 +900,8 @@ def train(model, corpus, args, device, torch, log, resume=None):
                 recent = run_losses[lo:run_step].mean().item()
                 hist["log"].append({"step": step, "loss": recent, "lr": lr, "seq_len": seq_len, "batch": batch,
                                     "elapsed_s": round(now, 3), "run": hist["runs"][-1]["run"],
-                                    "memory": memory_summary(head_memories(model, torch))})
+                                    "memory": memory_summary(head_memories(model, torch)),
+                                    "memory_text": memory_summary(text_memories(model, probe, args.arch, torch, amp) or [])})
                 log(f"step {step:6d}/{total}  loss {recent:.4f}  ({recent / math.log(2):.3f} bits/byte)  "
                     f"lr {lr:.2e}  {seq_len} x {batch}  {now:7.1f} s")
                 if not math.isfinite(recent):

@@ -360,6 +360,7 @@ def test_log_traces_the_weight_implied_memories(trained, arch):
     out = runs[arch]["whole"]
     log = json.loads((out / "train_log.json").read_text())
     assert [e["step"] for e in log["log"]] == [5, 10] and all(e["memory"] for e in log["log"])
+    assert all(e["memory_text"]["n"] == e["memory"]["n"] for e in log["log"])  # the trace measured on text too
     memories = []
     with safe_open(str(out / "model.safetensors"), "np") as f:
         for key in sorted(k for k in f.keys() if k.endswith("A_log")):
@@ -376,6 +377,71 @@ def test_log_traces_the_weight_implied_memories(trained, arch):
     assert m["at_least_1000"] == int((memories >= 1000).sum())
     card = (out / "MODEL_CARD.md").read_text()
     assert "Over training (from the weights at every logged step" in card and "step 5:" in card and "step 10:" in card
+    assert "Over training (measured on text at every logged step" in card
+
+
+@needs_torch
+@pytest.mark.parametrize("arch", ARCHS)
+def test_text_memories_equal_a_float64_recomputation_from_the_layer_inputs(arch):
+    """text_memories (DecayProbe around the scan functions) gives, per layer, 1/(1 - mean alpha) of the decays the
+    model applies on the probe windows, the input's share included: against a float64 recomputation of alpha from
+    hooks on the projections that produce the decay inputs (Mamba-2: in_proj's dt columns; GDN: in_proj_a; KDA:
+    f_b_proj), with each mixer's own A_log, dt_bias and dt clamp. After training-scale updates the weights alone
+    no longer tell the memory, so the trace must see the input's share: it must differ from head_memories."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    torch.manual_seed(21)
+    config = tt.build_config(arch, "tiny", transformers)
+    model = tt.build_model(arch, config, transformers).train()
+    tt.init_long_memory(model, torch)
+    with torch.no_grad():  # give the decay inputs a spread, as training does
+        for name, p in model.named_parameters():
+            if any(k in name for k in ("in_proj", "f_a_proj", "f_b_proj")):
+                p.mul_(10.0)
+    corpus = bytes(random.Random(22).randrange(32, 127) for _ in range(3000))
+    probe = tt.probe_windows(corpus, torch, torch.device("cpu"), length=700)
+    assert probe.shape == (tt.PROBE_WINDOWS, 700)
+    assert probe[1].tolist() == list(corpus[1500:2200])
+
+    want, hooks = [], []
+    if arch == "kimi_linear":
+        for gate in tt.kda_forget_gates(model):
+            def kda_hook(mod, inp, out):
+                g = out.double() + mod.dt_bias.double()
+                rate = torch.exp(mod.A_log.double()).reshape(-1).repeat_interleave(mod.head_dim) * F.softplus(g)
+                want.append(torch.exp(-rate).mean(dim=(0, 1)))
+            hooks.append(gate.f_b_proj.register_forward_hook(lambda m, i, o, gate=gate: kda_hook(gate, i, o)))
+    else:
+        for mixer in tt.ssm_decay_modules(model):
+            if arch == "qwen3_5":
+                def gdn_hook(mod, a):
+                    rate = torch.exp(mod.A_log.double()) * F.softplus(a.double() + mod.dt_bias.double())
+                    want.append(torch.exp(-rate).mean(dim=(0, 1)))
+                hooks.append(mixer.in_proj_a.register_forward_hook(lambda m, i, o, mixer=mixer: gdn_hook(mixer, o)))
+            else:
+                def mamba_hook(mod, out):
+                    dt = F.softplus(out[..., -mod.num_heads:].double() + mod.dt_bias.double())
+                    lo, hi = mod.time_step_limit
+                    alpha = torch.exp(-torch.exp(mod.A_log.double()) * dt.clamp(min=lo, max=hi))
+                    want.append(alpha.mean(dim=(0, 1)))
+                hooks.append(mixer.in_proj.register_forward_hook(lambda m, i, o, mixer=mixer: mamba_hook(mixer, o)))
+    got = tt.text_memories(model, probe, arch, torch, amp=False)
+    for h in hooks:
+        h.remove()
+    assert len(got) == len(want) > 0
+    # KDA's gate takes softplus as float32 log(1 + exp(x)): at the 10^4-token channels (x near -9) 1 + exp(x)
+    # keeps only ~3 significant digits of exp(x), and the decays the model applies (what the probe reads) carry
+    # that (measured up to 1.2e-3 of the memory here).
+    rel = 3e-3 if arch == "kimi_linear" else 2e-4
+    for layer, alpha in zip(got, want):
+        assert layer == pytest.approx((1.0 / (1.0 - alpha)).tolist(), rel=rel)
+    weights_only = sorted(m for layer in tt.head_memories(model, torch) for m in layer)
+    measured = sorted(m for layer in got for m in layer)
+    assert len(weights_only) == len(measured)
+    assert measured[len(measured) // 2] != pytest.approx(weights_only[len(weights_only) // 2], rel=0.05)
+    assert model.training  # text_memories restores the mode
 
 
 @needs_torch
