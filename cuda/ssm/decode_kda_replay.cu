@@ -2,8 +2,8 @@
 // low-precision read checkpoint): the non-flush kernel (output-only form from the read checkpoint)
 // and the flush kernel (REPLAY from the recur checkpoint, writing it and, split, the LP copy), launched
 // over the same grid of (value head, sequence) blocks, the flush kernel first and the non-flush kernel
-// as its programmatic dependent, as decode_replay.cu does for Mamba-2 and GDN. Window bookkeeping (WindowState, ring slots, the flush test h + 1 >= L) is the
-// same as theirs, so commit_step and verify_step share the ring. Both kernels also implement error
+// as its programmatic dependent, as decode_replay.cu does for Mamba-2 and GDN. Window bookkeeping
+// (WindowState, ring slots, the flush test h + 1 >= L) is the same as theirs, so commit_step and verify_step share the ring. Both kernels also implement error
 // feedback on the copies they write (+ef) and appendix F's decay-based checkpoint-read skipping.
 #include "ssm/decode_kda.cuh"
 
