@@ -139,15 +139,27 @@ __device__ __forceinline__ void kda_verify_body(const KdaVerifyArgs& A) {
 #pragma unroll
         for (int e = 0; e < E; ++e) x[p][e] = next_x[p][e];
       load_row(it + 1, next_x);
+      // The 2T row sums reduced together (reduce-scatter: 2T - 1 + log2(LPR / 2T) shuffles per lane
+      // instead of 2T log2(LPR); the shuffles were most of this loop's instructions).
+      constexpr int N = 2 * TD;
+      float part[N];
 #pragma unroll
-      for (int i = 0; i < 2 * TD; ++i) {
+      for (int i = 0; i < N; ++i) {
         float yv[P][E];
         load_lane_f32<P, LPR>(y + i * DK, lane, yv);
-        float part = 0.0f;
+        part[i] = 0.0f;
 #pragma unroll
-        for (int p = 0; p < P; ++p) part = dot_acc<E>(x[p], yv[p], part);
-        part = row_sum<LPR>(part);
-        if (valid && lane % LPR == 0) rows[i * dv + row] = part;
+        for (int p = 0; p < P; ++p) part[i] = dot_acc<E>(x[p], yv[p], part[i]);
+      }
+      if constexpr (N <= LPR) {
+        const float sum = row_sum_scatter<LPR, N>(part);
+        if (valid && lane % (LPR / N) == 0) rows[scatter_index<LPR, N>(lane) * dv + row] = sum;
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const float sum = row_sum<LPR>(part[i]);
+          if (valid && lane % LPR == 0) rows[i * dv + row] = sum;
+        }
       }
       if (fold) {
 #pragma unroll
