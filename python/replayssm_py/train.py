@@ -14,6 +14,7 @@ import os
 import pathlib
 import platform
 import shlex
+import statistics
 import sys
 import time
 
@@ -1179,11 +1180,14 @@ def decay_section(c):
               f"(where state errors accumulate over 128K): **{s['long_memory_heads']} of {n}**.", "",
               "| memory (tokens) | heads |", "|---|---|"]
     lines += [f"| {name} | {k} |" for name, k in zip(s["decades"], s["heads_per_decade"])]
-    longest = sorted(h["max_channel_memory_tokens"] for h in d.get("heads", []) if "max_channel_memory_tokens" in h)
-    if longest:  # KDA: a head's mean alpha mixes fast and slow channels; its slowest channel is what remembers
+    # KDA: a head's mean alpha mixes fast and slow channels; its slowest channel is what remembers. (replayssm
+    # info writes max_channel_memory_tokens for every head; for one decay per head it is the head's memory.)
+    longest = sorted(h["max_channel_memory_tokens"] for h in d.get("heads", [])
+                     if h.get("channels", 1) > 1 and h.get("max_channel_memory_tokens") is not None)
+    if longest:
         n_long = sum(m >= s["long_memory_tokens"] for m in longest)
         lines += ["", f"Per key channel (KDA decays per channel): each head's longest-remembering channel holds median "
-                      f"{_tokens(longest[len(longest) // 2])} tokens, largest {_tokens(longest[-1])}; heads with a channel "
+                      f"{_tokens(statistics.median(longest))} tokens, largest {_tokens(longest[-1])}; heads with a channel "
                       f"of memory ≥ {s['long_memory_tokens']:,.0f} tokens: **{n_long} of {len(longest)}**."]
     books = ", ".join(f"{b['name']} {b['bits_per_byte']:.4f}" for b in d["books"])
     lines += ["", f"Bits per byte of the same run (replayssm's forward, {d['positions_per_book']:,} positions per "

@@ -993,3 +993,61 @@ def test_add_decays_to_a_card_trained_without_replayssm(trained, tmp_path):
     assert json.loads((folder / "train_log.json").read_text())["decays"]["positions_per_book"] == 900
     r = run_script(["--add-decays", tmp_path / "nothing", "--pg19-dir", pg19])
     assert r.returncode == 2 and "MODEL_CARD.md is missing" in r.stderr
+
+
+def _decays_for_card(memories, channels, rng):
+    """A `replayssm info --decays` JSON as the card reads it, for heads of the given memories."""
+    heads = [{"layer": i // 4, "value_head": i % 4, "channels": channels, "memory_tokens": float(m),
+              "max_channel_memory_tokens": float(m) * (float(rng.uniform(1.5, 4.0)) if channels > 1 else 1.0)}
+             for i, m in enumerate(memories)]
+    decades = ["[1,10)", "[10,100)", "[100,1K)", "[1K,10K)", "[10K,100K)", "[100K,1M)", ">=1M"]
+    counts = [int(sum(10 ** k <= m < 10 ** (k + 1) for m in memories)) for k in range(6)] + [0]
+    summary = {"heads": len(memories), "median_memory_tokens": float(np.median(memories)),
+               "max_memory_tokens": float(max(memories)), "long_memory_tokens": 1000.0,
+               "long_memory_heads": int(sum(m >= 1000 for m in memories)), "decades": decades, "heads_per_decade": counts}
+    return {"summary": summary, "heads": heads, "command": "replayssm info M --decays", "positions_per_book": 4096,
+            "seconds": 1.0, "books": [{"name": "b.txt", "bits_per_byte": 2.0}], "mean_bits_per_byte": 2.0}
+
+
+@pytest.mark.parametrize("arch,channels", [("qwen3_5", 1), ("mamba2", 1), ("kimi_linear", 128)])
+def test_card_per_channel_line_only_for_channel_decays_and_its_median(arch, channels):
+    # The per-channel line is for KDA alone (replayssm info writes max_channel_memory_tokens for every head,
+    # equal to the head's memory when a head has one decay), and its median of an even count of heads is
+    # the mean of the middle two, as numpy's (the oracle here) and the summary's.
+    rng = np.random.default_rng(1203 + channels)
+    memories = list(np.exp(rng.uniform(np.log(2.0), np.log(5000.0), size=24)))
+    d = _decays_for_card(memories, channels, rng)
+    c = {"args": {"arch": arch, "decay_init": "transformers"}, "decays": d}
+    lines = tt.decay_section(c)
+    per_channel = [x for x in lines if x.startswith("Per key channel")]
+    if channels == 1:
+        assert per_channel == []
+        return
+    assert len(per_channel) == 1
+    want = float(np.median([h["max_channel_memory_tokens"] for h in d["heads"]]))
+    assert f"median {tt._tokens(want)} tokens" in per_channel[0]
+    n_long = sum(h["max_channel_memory_tokens"] >= 1000 for h in d["heads"])
+    assert f"**{n_long} of 24**" in per_channel[0]
+
+
+BUNDLED_LONG = sorted(p.name for p in (ROOT / "data" / "models").glob("long_*") if (p / "decays.json").exists())
+
+
+@pytest.mark.parametrize("name", BUNDLED_LONG)
+def test_bundled_cards_state_their_decays_json(name):
+    # A bundled card's decay numbers are those of the decays.json beside it (the card is edited by hand
+    # after training for paths and notes; its numbers must still be the measured ones).
+    folder = ROOT / "data" / "models" / name
+    card = (folder / "MODEL_CARD.md").read_text()
+    d = json.loads((folder / "decays.json").read_text())
+    s = d["summary"]
+    assert f"**{s['long_memory_heads']} of {s['heads']}**" in card
+    assert f"SSM heads: median {tt._tokens(s['median_memory_tokens'])} tokens, largest " \
+           f"{tt._tokens(s['max_memory_tokens'])}" in card
+    assert f"mean {d['mean_bits_per_byte']:.4f}" in card
+    kda = [h["max_channel_memory_tokens"] for h in d["heads"] if h.get("channels", 1) > 1]
+    per_channel = [x for x in card.splitlines() if x.startswith("Per key channel")]
+    if not kda:
+        assert per_channel == []
+    else:
+        assert len(per_channel) == 1 and f"holds median {tt._tokens(float(np.median(kda)))} tokens" in per_channel[0]
