@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Issue 11's figures on the long-memory models (data/models/long_mamba2, long_nemotron_h, long_qwen3_5, long_kimi_linear): the paper's
+# Issue 11's figures on the long-memory models (data/models/long_mamba2, long_nemotron_h, long_qwen3_5, long_kimi_linear,
+# long_qwen3_5_ctx16k): the paper's
 # configuration set at 131,072 positions on all four PG-19 test books with three SR seeds (figures 5/12),
 # the window sweep L = 4..64 (figure 13), RTN vs SR with non-finite counts (table 11), then the plots.
 # The sweeps read experiments/{fig5,fig13,table11}.toml; options given here replace the file's.
 # Resumable: every sweep keeps its finished cells, so run the same command again after an interruption
 # (e.g. a time limit); a finished sweep is reported, not recomputed.
 #
-#   experiments/run_long_memory_figures.sh [MODEL ...]       (default: long_mamba2 long_nemotron_h long_qwen3_5 long_kimi_linear)
+#   experiments/run_long_memory_figures.sh [MODEL ...]       (default: long_mamba2 long_nemotron_h long_qwen3_5 long_kimi_linear long_qwen3_5_ctx16k)
 #   BIN=build/replayssm DEVICE=auto REPLAYSSM_TEXT_DIR=../shared/data/pg19/test   (the defaults)
 #
 # On one H200 a model's three sweeps are ~230 cells of 128K positions (about 1-2 s each for these
@@ -17,7 +18,7 @@ BIN=${BIN:-build/replayssm}
 DEVICE=${DEVICE:-auto}
 TEXT_DIR=${REPLAYSSM_TEXT_DIR:-../shared/data/pg19/test}
 MODELS=("$@")
-[[ ${#MODELS[@]} -gt 0 ]] || MODELS=(long_mamba2 long_nemotron_h long_qwen3_5 long_kimi_linear)
+[[ ${#MODELS[@]} -gt 0 ]] || MODELS=(long_mamba2 long_nemotron_h long_qwen3_5 long_kimi_linear long_qwen3_5_ctx16k)
 R=experiments/results
 COMMON=(--text-dir "$TEXT_DIR" --device "$DEVICE" --progress lines)
 for m in "${MODELS[@]}"; do
