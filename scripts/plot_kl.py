@@ -3,6 +3,7 @@
 
     python3 scripts/plot_kl.py results-fig5.h5 -o kl.png                  # KL vs length (paper fig. 5)
     python3 scripts/plot_kl.py model-a.h5 model-b.h5 -o fig12.png         # one panel per model (fig. 12)
+    python3 scripts/plot_kl.py model-a.h5 b-table11.h5+b-fig13.h5 -o fig12.png   # a panel from two sweeps of model b
     python3 scripts/plot_kl.py results-fig13.h5 --kind window -o win.png  # window sweep (fig. 13)
     python3 scripts/plot_kl.py results-table11.h5 --kind table            # RTN vs SR (table 11)
 
@@ -15,6 +16,10 @@ conventional decode dotted grey, and the legend names only the styles drawn. Non
 seeds of one policy are pooled into one curve (mean over seeds; the band also covers their spread);
 a double arrow gives shared NVFP4 over the separate NVFP4/FP32 configuration at the longest length
 (the paper's arrow); a curve that another hides (within 10% everywhere) has open markers and says so.
+
+A panel argument 'A+B' (when no file has that name) draws the configurations of several result files of
+one model as one panel: same model, books, reference, buckets and bootstrap, refused otherwise; a
+configuration in more than one file must have the same bucket means in each (results.merge_results).
 
 The work is done by the replayssm_py package (results, plot, tables), which
 notebooks/kl_vs_length.ipynb uses too.
@@ -42,7 +47,7 @@ def bucket_ends(text):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="+", help="result file(s) written by replayssm kl-sweep (several: --kind length "
-                    "draws one panel per file)")
+                    "draws one panel per file; A+B: one panel from the cells of several files of one model)")
     ap.add_argument("-o", "--output", help="image file (png, pdf, svg); --kind table: text file (also printed)")
     ap.add_argument("--kind", choices=KINDS, default="length")
     ap.add_argument("--configs", nargs="*", help="regular expressions selecting configurations (default: all)")

@@ -270,7 +270,9 @@ def panel_title(results):
     a = results["attrs"]
     name = pathlib.Path(a.get("model_dir", "") or "model").name
     books = len(results["books"])
-    return f"{name}\n{books} book{'s' if books != 1 else ''}, N = {length_label(results['n_positions'])}"
+    merged = a.get("merged_from")  # results.merge_results: say that the panel joins several sweeps' cells
+    sweeps = f", cells of {merged.count(' + ') + 1} sweeps" if merged else ""
+    return f"{name}\n{books} book{'s' if books != 1 else ''}, N = {length_label(results['n_positions'])}{sweeps}"
 
 
 def plot_kl_panels(results_list, configs=None, title=None):
@@ -427,6 +429,23 @@ KINDS = ("length", "window", "table")
 DEFAULT_OUTPUT = {"length": "kl.png", "window": "kl_window.png"}
 
 
+def load_panel(spec):
+    """One panel's results: a result file, or 'A+B+...' (when no file has that name itself) for the
+    configurations of several result files of one model, merged by results.merge_results."""
+    import pathlib
+
+    from .results import load_results, merge_results
+
+    spec = str(spec)
+    if "+" in spec and not pathlib.Path(spec).exists():
+        parts = spec.split("+")
+        missing = [p for p in parts if not pathlib.Path(p).exists()]
+        if missing:
+            raise ValueError(f"{spec}: neither a file nor files joined by '+' ({', '.join(missing)} not found)")
+        return merge_results([load_results(p) for p in parts])
+    return load_results(spec)
+
+
 def write_report(results_path, kind="length", output=None, configs=None, lengths=None, title=None, dpi=150):
     """What scripts/plot_kl.py does: a figure (kind length or window) written to output (default
     kl.png / kl_window.png), or the table-11 text (kind table), returned and written to output if
@@ -445,7 +464,7 @@ def write_report(results_path, kind="length", output=None, configs=None, lengths
             import matplotlib
 
             matplotlib.use("Agg")
-            loaded = [load_results(p) for p in results_path]
+            loaded = [load_panel(p) for p in results_path]
             for p, r in zip(results_path, loaded):
                 if not select(r, configs):
                     raise ValueError(f"{p}: no configuration matches {configs} "
@@ -454,7 +473,7 @@ def write_report(results_path, kind="length", output=None, configs=None, lengths
             save_figure(plot_kl_panels(loaded, configs=configs, title=title), output, dpi=dpi)
             return None, output
         results_path = results_path[0]
-    results = load_results(results_path)
+    results = load_panel(results_path)
     if not select(results, configs):
         raise ValueError(f"{results_path}: no configuration matches {configs} "
                          f"(it holds {', '.join(c['policy'] for c in results['configs'])})")

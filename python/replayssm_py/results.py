@@ -182,6 +182,55 @@ def pretty_name(policy):
     return f"conventional: {f(p['recur'])}{seed}"
 
 
+# What must be equal for the configurations of several result files to be drawn as one model's panel: the
+# same model, text, reference and buckets, and standard errors from the same bootstrap.
+_SAME_SWEEP_ATTRS = ("model_hash", "tokenization", "reference_policy", "n_positions", "bootstrap_base_block_length",
+                     "bootstrap_resamples", "device")
+
+
+def merge_results(results_list):
+    """One result dict from the configurations of several result files of the same model, text, reference,
+    buckets and bootstrap (e.g. table 11's and figure 13's sweeps, which hold every configuration of figure
+    12 between them). A configuration (policy, window and seed) in more than one file is taken from the
+    first, after checking that the others computed the same bucket means (to 1e-12, relative): the same
+    computation, not two. Raises ValueError naming the files and the field that differs."""
+    if not results_list:
+        raise ValueError("merge_results: no result files")
+    first = results_list[0]
+    for r in results_list[1:]:
+        where = f"{first['path']} and {r['path']}"
+        for key in _SAME_SWEEP_ATTRS:
+            a, b = first["attrs"].get(key), r["attrs"].get(key)
+            if a != b:
+                raise ValueError(f"{where} are not cells of one model's sweeps: attribute {key} is {a!r} and {b!r}")
+        for key in ("books", "text_fnv1a64", "schema_version"):
+            if first[key] != r[key]:
+                raise ValueError(f"{where} are not cells of one model's sweeps: {key} differ ({first[key]} and {r[key]})")
+        for key in ("edges", "bootstrap_block_length"):
+            a, b = first[key], r[key]
+            if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
+                raise ValueError(f"{where} are not cells of one model's sweeps: {key} differ")
+    taken, configs, sources = {}, [], []
+    for r in results_list:
+        sources.append(r["path"])
+        for c in r["configs"]:
+            info = c["info"]
+            key = (info["family"], info["window"], info["seed"])
+            if key in taken:
+                kept, path = taken[key]
+                a, b = np.asarray(kept["bucket_mean"], float), np.asarray(c["bucket_mean"], float)
+                if a.shape != b.shape or not np.allclose(a, b, rtol=1e-12, atol=0.0, equal_nan=True):
+                    raise ValueError(f"{path} and {r['path']} both hold {c['policy']} with different bucket means: "
+                                     f"not the same computation, so not drawn as one panel")
+                continue
+            taken[key] = (c, r["path"])
+            configs.append(c)
+    merged = dict(first)
+    merged.update(path="+".join(sources), configs=configs,
+                  attrs=dict(first["attrs"], merged_from=" + ".join(sources)))
+    return merged
+
+
 def select(results, patterns):
     """The configurations whose policy matches any of the regular expressions (all when none)."""
     if not patterns:

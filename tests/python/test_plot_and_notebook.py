@@ -482,3 +482,40 @@ def test_experiment_configs_parse(tmp_path):
     fig13 = subprocess.run([str(exe), "kl-sweep", "MODEL", "--config", str(ROOT / "experiments" / "fig13.toml"),
                             "--dry-run", "--text-dir", str(text), "--length", "100"], capture_output=True, text=True)
     assert "split:nvfp4+rtn/fp16+sr@64" in fig13.stderr and "20 configurations" in fig13.stderr
+
+
+def test_one_panel_from_the_cells_of_several_sweeps(tmp_path):
+    """results.merge_results / plot_kl.py 'A+B': the configurations of several files of one model as one
+    panel; a configuration in two files must be the same computation; other models, books or buckets refused."""
+    n = 8192
+    a = make_results(tmp_path / "a.h5", n=n, windows=(4,), seed=11)
+    b = make_results(tmp_path / "b.h5", n=n, windows=(64,), seed=12)
+    a_again = tmp_path / "a_again.h5"
+    a_again.write_bytes(a.read_bytes())
+    ra, rb = kl_results.load_results(a), kl_results.load_results(b)
+    merged = kl_results.merge_results([ra, rb, kl_results.load_results(a_again)])
+    want = [c["policy"] for c in ra["configs"]] + [c["policy"] for c in rb["configs"]]
+    assert [c["policy"] for c in merged["configs"]] == want  # a's duplicates (same values) taken once
+    for c in merged["configs"]:
+        src = ra if c["policy"].endswith("@4") else rb
+        assert np.array_equal(c["bucket_mean"], next(s for s in src["configs"] if s["policy"] == c["policy"])["bucket_mean"],
+                              equal_nan=True)
+    assert merged["attrs"]["merged_from"].count(" + ") == 2
+    out = tmp_path / "panels.png"
+    r = run([PLOT, a, f"{a}+{b}", "-o", out])
+    assert r.returncode == 0 and out.stat().st_size > 0, r.stderr
+
+    # The same policies computed differently (another seed of the synthetic curves): refused.
+    other = make_results(tmp_path / "other.h5", n=n, windows=(4,), seed=13)
+    with pytest.raises(ValueError, match="different bucket means"):
+        kl_results.merge_results([ra, kl_results.load_results(other)])
+    # Another model, or other buckets: refused, naming the field.
+    with h5py.File(b, "r+") as f:
+        f.attrs["model_hash"] = "1"
+    with pytest.raises(ValueError, match="attribute model_hash"):
+        kl_results.merge_results([ra, kl_results.load_results(b)])
+    short = make_results(tmp_path / "short.h5", n=n // 2, windows=(64,), seed=12)
+    with pytest.raises(ValueError, match="n_positions|edges"):
+        kl_results.merge_results([ra, kl_results.load_results(short)])
+    r = run([PLOT, f"{a}+{tmp_path / 'missing.h5'}", "-o", out])
+    assert r.returncode == 1 and "missing.h5 not found" in r.stderr
