@@ -270,8 +270,8 @@ def panel_title(results):
     a = results["attrs"]
     name = pathlib.Path(a.get("model_dir", "") or "model").name
     books = len(results["books"])
-    merged = a.get("merged_from")  # results.merge_results: say that the panel joins several sweeps' cells
-    sweeps = f", cells of {merged.count(' + ') + 1} sweeps" if merged else ""
+    sources = results.get("sources", [])  # results.merge_results: say that the panel joins several sweeps' cells
+    sweeps = f", cells of {len(sources)} sweeps" if len(sources) > 1 else ""
     return f"{name}\n{books} book{'s' if books != 1 else ''}, N = {length_label(results['n_positions'])}{sweeps}"
 
 

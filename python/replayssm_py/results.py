@@ -183,7 +183,8 @@ def pretty_name(policy):
 
 
 # What must be equal for the configurations of several result files to be drawn as one model's panel: the
-# same model, text, reference and buckets, and standard errors from the same bootstrap.
+# same model, text, reference and buckets, standard errors from the same bootstrap, and the same device and
+# compute precision (a CPU and a GPU sweep are two computations).
 _SAME_SWEEP_ATTRS = ("model_hash", "tokenization", "reference_policy", "n_positions", "bootstrap_base_block_length",
                      "bootstrap_resamples", "device")
 
@@ -226,7 +227,7 @@ def merge_results(results_list):
             taken[key] = (c, r["path"])
             configs.append(c)
     merged = dict(first)
-    merged.update(path="+".join(sources), configs=configs,
+    merged.update(path="+".join(sources), configs=configs, sources=sources,
                   attrs=dict(first["attrs"], merged_from=" + ".join(sources)))
     return merged
 

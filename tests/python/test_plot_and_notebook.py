@@ -500,7 +500,7 @@ def test_one_panel_from_the_cells_of_several_sweeps(tmp_path):
         src = ra if c["policy"].endswith("@4") else rb
         assert np.array_equal(c["bucket_mean"], next(s for s in src["configs"] if s["policy"] == c["policy"])["bucket_mean"],
                               equal_nan=True)
-    assert merged["attrs"]["merged_from"].count(" + ") == 2
+    assert merged["sources"] == [str(a), str(b), str(a_again)] and merged["attrs"]["merged_from"].count(" + ") == 2
     out = tmp_path / "panels.png"
     r = run([PLOT, a, f"{a}+{b}", "-o", out])
     assert r.returncode == 0 and out.stat().st_size > 0, r.stderr
