@@ -3,12 +3,14 @@
 input's share of dt at 0; dashed) and measured on text (`memory_text`, 1/(1 - mean alpha) of the decays the
 model applies on the probe windows; solid), with the context schedule's changes marked and the 1,000-token
 line where state errors accumulate over 128K. One panel per training log. It shows whether the decay
-spectrum settled, and how far the weights alone are from what text gives.
+spectrum settled, and how far the weights alone are from what text gives; the script also prints, per run,
+how much the text-measured spectrum still moved over the last 20% of the steps (`settling`).
 
   python3 scripts/plot_memory_trace.py RUN_DIR_OR_TRAIN_LOG [...] [--out FILE.png]
 """
 import argparse
 import json
+import math
 import pathlib
 import sys
 
@@ -46,6 +48,51 @@ def context_changes(log):
         if not out or out[-1][1] != n:
             out.append((step, n))
     return out
+
+
+def settling(log, key="memory_text", tail=0.2):
+    """How much the spectrum still moves at the end of a training: over the logged steps from the last one at or
+    before (1 - tail) of the final step (the card's reference step) to the end, per statistic (median, p90,
+    max) the relative change from that step to the end and the least-squares slope of its logarithm against
+    the step, as the relative change per 10% of the steps (exp(0.1 a) - 1, a the slope per whole training);
+    and the range of the count of heads (KDA: channels) of >= 1,000 tokens. None when the log has fewer than
+    two entries of `key` in that range."""
+    trace = [(e["step"], e[key]) for e in log.get("log") or [] if e.get(key)]
+    if len(trace) < 2:
+        return None
+    last = trace[-1][0]
+    ref = max((st for st, _ in trace if st <= (1 - tail) * last), default=trace[0][0])
+    window = [(st, m) for st, m in trace if st >= ref]
+    if len(window) < 2:
+        return None
+    x = [st / last for st, _ in window]
+    out = {"key": key, "from_step": ref, "to_step": last, "entries": len(window)}
+    for stat in ("median", "p90", "max"):
+        y = [math.log(m[stat]) for _, m in window]
+        mx, my = sum(x) / len(x), sum(y) / len(y)
+        a = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sum((xi - mx) ** 2 for xi in x)
+        out[stat] = {"start": window[0][1][stat], "end": window[-1][1][stat],
+                     "change": window[-1][1][stat] / window[0][1][stat] - 1, "per_tenth": math.exp(0.1 * a) - 1}
+    counts = [m["at_least_1000"] for _, m in window]
+    out["at_least_1000"] = {"start": counts[0], "end": counts[-1], "min": min(counts), "max": max(counts)}
+    return out
+
+
+def settling_table(logs, names, key="memory_text", tail=0.2):
+    """A markdown table of settling() for each log (a row saying so where a log has no such trace)."""
+    rows = [f"Settling over the last {100 * tail:.0f}% of the steps (`log[].{key}`; change from the reference step "
+            "to the end, and the fitted change per 10% of the steps):", "",
+            "| run | steps | median | 90th percentile | largest | ≥ 1,000 tokens (range) |", "|---|---|---|---|---|---|"]
+    for name, log in zip(names, logs):
+        s = settling(log, key, tail)
+        if s is None:
+            rows.append(f"| {name} | | no `{key}` trace | | | |")
+            continue
+        cell = lambda v: f"{v['start']:,.0f} → {v['end']:,.0f} ({100 * v['change']:+.1f}%; {100 * v['per_tenth']:+.1f}% per 10%)"
+        c = s["at_least_1000"]
+        rows.append(f"| {name} | {s['from_step']}–{s['to_step']} | {cell(s['median'])} | {cell(s['p90'])} | "
+                    f"{cell(s['max'])} | {c['start']} → {c['end']} ({c['min']}–{c['max']}) |")
+    return "\n".join(rows)
 
 
 def plot_memory_trace(logs, names=None):
@@ -97,4 +144,6 @@ def main(argv=None):
         return 2
     fig.savefig(args.out, dpi=130, bbox_inches="tight")
     print(f"wrote {args.out}")
+    print(settling_table(logs, [pathlib.Path(p).name if pathlib.Path(p).is_dir() else pathlib.Path(p).parent.name
+                                for p in args.logs]))
     return 0

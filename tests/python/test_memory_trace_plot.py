@@ -1,6 +1,7 @@
 """scripts/plot_memory_trace.py / replayssm_py.memory_trace_plot: the memory trace of train_tiny runs drawn from
 train_log.json, the context changes where the per-step record says, and a clear refusal without a trace."""
 import json
+import math
 import random
 import subprocess
 import sys
@@ -84,3 +85,58 @@ def test_committed_traces_plot(run, tmp_path):
     log = mtp.load_log(ROOT / "experiments" / "training" / "weight_trace_2026-12-03" / run)
     fig = mtp.plot_memory_trace([log])
     assert len(fig.axes[0].get_lines()) >= 4
+
+
+def test_settling_against_a_float64_fit():
+    # Random traces: the change per 10% of the steps must equal numpy's float64 least-squares fit of the log
+    # over the logged steps from the card's reference step (last at or before 80%) to the end.
+    np = pytest.importorskip("numpy")
+    for seed in range(5):
+        log, _ = fake_log(100 + seed, steps=rng_steps(seed), log_every=10)
+        s = mtp.settling(log)
+        entries = [e for e in log["log"]]
+        last = entries[-1]["step"]
+        ref = max(e["step"] for e in entries if e["step"] <= 0.8 * last)
+        window = [e for e in entries if e["step"] >= ref]
+        assert s["from_step"] == ref and s["to_step"] == last and s["entries"] == len(window)
+        x = np.array([e["step"] / last for e in window], dtype=np.float64)
+        for stat in ("median", "p90", "max"):
+            y = np.log([e["memory_text"][stat] for e in window])
+            a = np.polyfit(x, y, 1)[0]
+            assert s[stat]["per_tenth"] == pytest.approx(np.expm1(0.1 * a), rel=1e-9, abs=1e-12)
+            assert s[stat]["change"] == pytest.approx(window[-1]["memory_text"][stat] / window[0]["memory_text"][stat] - 1)
+        counts = [e["memory_text"]["at_least_1000"] for e in window]
+        assert s["at_least_1000"] == {"start": counts[0], "end": counts[-1], "min": min(counts), "max": max(counts)}
+
+
+def rng_steps(seed):
+    return random.Random(seed).randrange(150, 400)
+
+
+def test_settling_of_a_geometric_trace_is_its_rate():
+    # memory = m0 * exp(c * step / N): the fitted change per 10% of the steps is exactly exp(0.1 c) - 1, and a
+    # constant trace gives 0; too short a trace gives None.
+    rng = random.Random(7)
+    for _ in range(4):
+        c, m0, n = rng.uniform(-2, 2), rng.uniform(50, 500), rng.randrange(100, 300)
+        entries = [{"step": s, "memory_text": {"n": 24, "median": m0 * math.exp(c * s / n), "p90": 3 * m0,
+                                               "max": m0 * 10 * math.exp(-c * s / n), "at_least_1000": s % 3}}
+                   for s in range(10, n + 1, 10)]
+        s = mtp.settling({"log": entries})
+        last = entries[-1]["step"]
+        assert s["median"]["per_tenth"] == pytest.approx(math.exp(0.1 * c * last / n) - 1, rel=1e-9)
+        assert s["max"]["per_tenth"] == pytest.approx(math.exp(-0.1 * c * last / n) - 1, rel=1e-9)
+        assert s["p90"]["per_tenth"] == pytest.approx(0.0, abs=1e-12) and s["p90"]["change"] == 0.0
+    assert mtp.settling({"log": entries[:1]}) is None
+    assert mtp.settling({"log": [{"step": 5, "memory": {}}]}) is None
+
+
+def test_the_script_prints_the_settling_table(tmp_path):
+    log, _ = fake_log(11)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train_log.json").write_text(json.dumps(log))
+    out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "run"), "--out", str(tmp_path / "t.png")],
+                         capture_output=True, text=True, env=checkout_env(), check=True).stdout
+    s = mtp.settling(log)
+    row = [line for line in out.splitlines() if line.startswith("| run |")][-1]  # the header's first cell is "run" too
+    assert f"{s['from_step']}–{s['to_step']}" in row and f"{100 * s['median']['per_tenth']:+.1f}% per 10%" in row
