@@ -10,7 +10,6 @@ how much the text-measured spectrum still moved over the last 20% of the steps (
 """
 import argparse
 import json
-import math
 import pathlib
 import sys
 
@@ -18,6 +17,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from .train import settling  # noqa: E402  (re-exported: the card's rule, in one place)
 
 TRACES = (("memory", "from the weights (input's share at 0)", "--"),
           ("memory_text", "measured on text", "-"))
@@ -47,34 +48,6 @@ def context_changes(log):
     for step, n in pairs:
         if not out or out[-1][1] != n:
             out.append((step, n))
-    return out
-
-
-def settling(log, key="memory_text", tail=0.2):
-    """How much the spectrum still moves at the end of a training: over the logged steps from the last one at or
-    before (1 - tail) of the final step (the card's reference step) to the end, per statistic (median, p90,
-    max) the relative change from that step to the end and the least-squares slope of its logarithm against
-    the step, as the relative change per 10% of the steps (exp(0.1 a) - 1, a the slope per whole training);
-    and the range of the count of heads (KDA: channels) of >= 1,000 tokens. None when the log has fewer than
-    two entries of `key` in that range."""
-    trace = [(e["step"], e[key]) for e in log.get("log") or [] if e.get(key)]
-    if len(trace) < 2:
-        return None
-    last = trace[-1][0]
-    ref = max((st for st, _ in trace if st <= (1 - tail) * last), default=trace[0][0])
-    window = [(st, m) for st, m in trace if st >= ref]
-    if len(window) < 2:
-        return None
-    x = [st / last for st, _ in window]
-    out = {"key": key, "from_step": ref, "to_step": last, "entries": len(window)}
-    for stat in ("median", "p90", "max"):
-        y = [math.log(m[stat]) for _, m in window]
-        mx, my = sum(x) / len(x), sum(y) / len(y)
-        a = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sum((xi - mx) ** 2 for xi in x)
-        out[stat] = {"start": window[0][1][stat], "end": window[-1][1][stat],
-                     "change": window[-1][1][stat] / window[0][1][stat] - 1, "per_tenth": math.exp(0.1 * a) - 1}
-    counts = [m["at_least_1000"] for _, m in window]
-    out["at_least_1000"] = {"start": counts[0], "end": counts[-1], "min": min(counts), "max": max(counts)}
     return out
 
 

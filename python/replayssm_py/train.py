@@ -652,12 +652,10 @@ def memory_trace_line(log_entries, kda):
                       ("memory_text", f"measured on text at every logged step: 1/(1 - mean alpha) over "
                                       f"{PROBE_WINDOWS} windows of {PROBE_BYTES:,} bytes of the training text")):
         trace = [(e["step"], e[key]) for e in log_entries or [] if e.get(key)]
-        if len(trace) < 2:
+        moved = settling({"log": log_entries}, key)
+        if moved is None:
             continue
-        last_step, last = trace[-1]
-        # The last logged step at or before 80% of the training: how much the spectrum moved since.
-        ref_step, ref = max(((st, m) for st, m in trace if st <= 0.8 * last_step), default=trace[0])
-        moved = abs(last["median"] - ref["median"]) / ref["median"] if ref["median"] else float("nan")
+        last = trace[-1][1]
         picks = [trace[0], trace[len(trace) // 4], trace[len(trace) // 2], trace[3 * len(trace) // 4], trace[-1]]
         seen, marks = set(), []
         for st, m in picks:
@@ -665,10 +663,38 @@ def memory_trace_line(log_entries, kda):
                 seen.add(st)
                 marks.append(f"step {st}: {_tokens(m['median'])} ({m['at_least_1000']} ≥ 1,000)")
         out.append(f"Over training ({what}; train_log.json `log[].{key}`), median memory of the {last['n']} {who}: "
-                   + ", ".join(marks) + f". From step {ref_step} (80% of the steps) to the end the median moved "
-                   f"{100 * moved:.1f}% and the {who} of ≥ 1,000 tokens went from {ref['at_least_1000']} to "
-                   f"{last['at_least_1000']}.")
+                   + ", ".join(marks) + f". From step {moved['from_step']} (80% of the steps) to the end the median "
+                   f"moved {100 * abs(moved['median']['change']):.1f}% and the {who} of ≥ 1,000 tokens went from "
+                   f"{moved['at_least_1000']['start']} to {moved['at_least_1000']['end']}.")
     return " ".join(out) if out else None
+
+
+def settling(log, key="memory_text", tail=0.2):
+    """How much the spectrum still moves at the end of a training: over the logged steps from the last one at or
+    before (1 - tail) of the final step (the card's reference step) to the end, per statistic (median, p90,
+    max) the relative change from that step to the end and the least-squares slope of its logarithm against
+    the step, as the relative change per 10% of the steps (exp(0.1 a) - 1, a the slope per whole training);
+    and the range of the count of heads (KDA: channels) of >= 1,000 tokens. None when the log has fewer than
+    two entries of `key` in that range."""
+    trace = [(e["step"], e[key]) for e in log.get("log") or [] if e.get(key)]
+    if len(trace) < 2:
+        return None
+    last = trace[-1][0]
+    ref = max((st for st, _ in trace if st <= (1 - tail) * last), default=trace[0][0])
+    window = [(st, m) for st, m in trace if st >= ref]
+    if len(window) < 2:
+        return None
+    x = [st / last for st, _ in window]
+    out = {"key": key, "from_step": ref, "to_step": last, "entries": len(window)}
+    for stat in ("median", "p90", "max"):
+        y = [math.log(m[stat]) for _, m in window]
+        mx, my = sum(x) / len(x), sum(y) / len(y)
+        a = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sum((xi - mx) ** 2 for xi in x)
+        out[stat] = {"start": window[0][1][stat], "end": window[-1][1][stat],
+                     "change": window[-1][1][stat] / window[0][1][stat] - 1, "per_tenth": math.exp(0.1 * a) - 1}
+    counts = [m["at_least_1000"] for _, m in window]
+    out["at_least_1000"] = {"start": counts[0], "end": counts[-1], "min": min(counts), "max": max(counts)}
+    return out
 
 
 def head_memories(model, torch):
