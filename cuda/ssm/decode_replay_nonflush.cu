@@ -165,8 +165,11 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
 // non-flush path that most steps take): blocks whose sequence does not take that path exit at once.
 // Both read the current window state; the flush kernel (launched first, this one as its
 // programmatic dependent) writes the next one.
-// Blocks per SM the register budget is sized for (ptxas -v: no spills at these bounds). NVFP4
-// pieces hold 32 columns, so a lane's slice of q (and k) alone takes 32 (64) registers.
+// Blocks per SM the register budget is sized for. NVFP4 pieces hold 32 columns, so a lane's slice of
+// q (and k) alone takes 32 (64) registers. Not spill-free everywhere (ptxas -v, sm_90, 2026-12-04): the
+// plain Mamba-2 instances spill at fp8b128/dk 128 (24 B) and fp32/dk 256 (20 B), GDN at nvfp4 (4-8 B),
+// and several kSkip instances 24-120 B. Nsight Compute shows the low-precision reads issue-bound, not
+// spill-bound (experiments/bench/decode_2026-12-04/README.md), so the bounds were left as they are.
 template <ssm::Recurrence K, StorageFormat R, int DK>
 constexpr int nonflush_min_blocks() {
   if (DK == 256 || R == StorageFormat::nvfp4) return K == ssm::Recurrence::gdn ? 2 : 3;
