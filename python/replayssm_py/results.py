@@ -183,8 +183,9 @@ def pretty_name(policy):
 
 
 # What must be equal for the configurations of several result files to be drawn as one model's panel: the
-# same model, text, reference and buckets, standard errors from the same bootstrap, and the same device and
-# compute precision (a CPU and a GPU sweep are two computations).
+# same model, text, reference and buckets, standard errors from the same bootstrap, and the same `device`
+# attribute, which also names the compute precision ("cpu", or "cuda: <GPU> (sm_XY), compute fp32"): a CPU and
+# a GPU sweep are two computations.
 _SAME_SWEEP_ATTRS = ("model_hash", "tokenization", "reference_policy", "n_positions", "bootstrap_base_block_length",
                      "bootstrap_resamples", "device")
 

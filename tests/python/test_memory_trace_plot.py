@@ -94,7 +94,7 @@ def test_settling_against_a_float64_fit():
     for seed in range(5):
         log, _ = fake_log(100 + seed, steps=rng_steps(seed), log_every=10)
         s = mtp.settling(log)
-        entries = [e for e in log["log"]]
+        entries = log["log"]
         last = entries[-1]["step"]
         ref = max(e["step"] for e in entries if e["step"] <= 0.8 * last)
         window = [e for e in entries if e["step"] >= ref]
