@@ -40,21 +40,63 @@ __host__ __device__ inline std::size_t verify_shared_floats(int HM, int T, int D
          + static_cast<std::size_t>(NH) * (L + 1);      // flush weights and gamma per head
 }
 
+// Two-term TF32 operands for the verification stream's tensor-core products (below): tf32(x) rounds
+// to nearest (ties away), so x - tf32(x) is exact in fp32 and tf32(x) + tf32(x - tf32(x)) is x to 2^-22.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+// d += A B for one m16n8k8 TF32 tile (A: the lane's four registers, row-major; B: its two, col-major).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The lane's 8 columns from `col` of rows a and b of an FP32 checkpoint (zeros for a row past the end).
+// A plain function, not a lambda: a closure holding the arrays would put them in local memory.
+template <int DK>
+__device__ __forceinline__ void load_row_chunk(const HeadView& ck, int row_a, int row_b, bool valid_a, bool valid_b, int col,
+                                               float (&a)[8], float (&b)[8]) {
+#pragma unroll
+  for (int h4 = 0; h4 < 2; ++h4) {
+    if (valid_a) load4<StorageFormat::fp32, DK>(ck, row_a, col + 4 * h4, a + 4 * h4);
+    else a[4 * h4] = a[4 * h4 + 1] = a[4 * h4 + 2] = a[4 * h4 + 3] = 0.0f;
+    if (valid_b) load4<StorageFormat::fp32, DK>(ck, row_b, col + 4 * h4, b + 4 * h4);
+    else b[4 * h4] = b[4 * h4 + 1] = b[4 * h4 + 2] = b[4 * h4 + 3] = 0.0f;
+  }
+}
+
 // Output-only verification of T drafts for NH heads from an FP32 checkpoint (Algorithm 2; GDN: the
 // UT transform, solved per row by forward substitution). A flush (h + T > L) folds the h committed
 // records into the same streamed rows and writes them back.
-// Blocks per SM the verify kernel's registers are sized for: T drafts' query (and key) slices stay
-// in registers, 4T (8T) of them per lane at dk = 128.
+// Where the checkpoint stream (and a flush's fold) runs on the tensor cores instead of the CUDA cores.
+// Chosen by measurement (H200, B = 32 and 256, four paper shapes, both variants alternating;
+// experiments/bench/decode_2026-12-04/call2_mma_verify/): GDN at dk = 128 with T = 8 drafts takes
+// 0.73-0.79 of the CUDA-core time without a flush and 0.90-0.93 with one, at T = 4 0.82-1.02 and
+// 0.74-0.98. At T <= 2 and for Mamba-2 (dv rows per head, one product per draft) the CUDA-core stream at
+// 3 blocks per SM is faster: the tensor-core one needs 128 registers (2 blocks per SM), and with fewer
+// instructions to hide, the lost occupancy costs more than the mma saves. Other dk are not measured.
+template <ssm::Recurrence K, int DK, int TD>
+constexpr bool verify_on_tensor_cores() {
+  return K == ssm::Recurrence::gdn && DK == 128 && TD >= 4;
+}
+
+// Blocks per SM the verify kernel's registers are sized for: the key products hold T drafts' query (and
+// key) slices, 4T (8T) per lane at dk = 128; the tensor-core stream the drafts' B fragments (dk / 4 per
+// lane, as many again for the keys) beside 16 state values per row pair (at 80 registers it spills).
 template <ssm::Recurrence K, int DK, int TD>
 constexpr int verify_min_blocks() {
   if (DK == 256) return 1;
+  if (verify_on_tensor_cores<K, DK, TD>()) return 2;
   return TD == 8 && K == ssm::Recurrence::gdn ? 2 : 3;
 }
 
 template <ssm::Recurrence K, int DK, int TD>
 __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) verify_kernel(VerifyArgs A) {
   using T = Tile<StorageFormat::fp32, DK>;
-  constexpr int E = 4, P = T::P, LPR = T::LPR, RW = T::RW;
+  constexpr int E = 4, P = T::P;
   extern __shared__ float smem[];
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const int NH = bg.NH, dv = bg.dv;
@@ -167,77 +209,186 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
       if (lane + 32 < h) s_fw[nn * HM + lane + 32] = fw.hi;
       if (lane == 0) s_fg[nn] = fw.gamma;
     }
-  // One streaming read of the NH checkpoints: S q_s (and S k_s) for every draft.
+  // One streaming read of the NH checkpoints: S q_s (and S k_s) for every draft; a flush folds the
+  // committed records into the streamed rows and writes them back.
   __syncthreads();
   const HeadView ck = head_view(A.ckpt, hb0, dv, DK);
   const int rows_total = NH * dv;
-  constexpr int kBatch = TD >= 8 ? 2 : 4;  // row iterations whose loads are issued together
-  for (int it0 = 0; it0 * kWarps * RW < rows_total; it0 += kBatch) {
-    float xb[kBatch][P][E];
+  if constexpr (verify_on_tensor_cores<K, DK, TD>()) {
+    // On the tensor cores (m16n8k8 TF32, fp32 accumulation). A warp takes 16 rows (lane: rows
+    // g = lane / 4 and g + 8) and walks dk in chunks of 32 columns (lane: columns 32c + 8t .. +7,
+    // t = lane % 4: two 16-byte loads per row). Chunk step i gives k slot t column 32c + 8t + 2i and slot t + 4 the next column, in A and B
+    // alike (any assignment of columns to k slots gives the same sums). B's column n is draft n (zero for
+    // n >= TD). FP32 S enters as hi + lo, two TF32 terms (2^-22 relative); q and k are bf16, exact in TF32,
+    // and a TF32 x bf16 product is exact in fp32. Only the summation order differs from the CUDA-core
+    // stream, and, after a flush, the written checkpoint's last bits (the fold sums 8 records per mma).
+    constexpr int NV = K == ssm::Recurrence::gdn ? 2 : 1;
+    constexpr int kChunks = DK / 32;
+    static_assert(TD <= 8 && DK % 32 == 0, "one m16n8 tile holds at most 8 drafts; chunks of 32 columns");
+    const int g = lane / 4, t = lane % 4;
+    // Draft g's q (and k) at the lane's columns, as bf16 pairs (column 32c + 8t + 2p in the low half).
+    uint32_t bpair[NV][kChunks][4];
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int row = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
+    for (int v = 0; v < NV; ++v)
 #pragma unroll
-      for (int p = 0; p < P; ++p) {
-        if (row < rows_total) load4<StorageFormat::fp32, DK>(ck, row, T::col(lane, p), xb[j][p]);
-        else for (int e = 0; e < E; ++e) xb[j][p][e] = 0.0f;
+      for (int c = 0; c < kChunks; ++c) {
+        uint4 raw = make_uint4(0, 0, 0, 0);
+        if (g < TD) raw = *reinterpret_cast<const uint4*>((v == 0 ? draft_q(g) : draft_k(g)) + 32 * c + 8 * t);
+        bpair[v][c][0] = raw.x, bpair[v][c][1] = raw.y, bpair[v][c][2] = raw.z, bpair[v][c][3] = raw.w;
       }
+    for (int R0 = warp * 16; R0 < rows_total; R0 += kWarps * 16) {  // warp-uniform: mma needs all 32 lanes
+      const int row_a = R0 + g, row_b = R0 + g + 8;
+      const bool valid_a = row_a < rows_total, valid_b = row_b < rows_total;
+      float d[NV][4];
+#pragma unroll
+      for (int v = 0; v < NV; ++v) d[v][0] = d[v][1] = d[v][2] = d[v][3] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        float a[8], b[8];  // latency: the other resident warps' loads cover it (no second buffer: registers)
+        load_row_chunk<DK>(ck, row_a, row_b, valid_a, valid_b, 32 * c + 8 * t, a, b);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t hi[4] = {to_tf32(a[2 * i]), to_tf32(b[2 * i]), to_tf32(a[2 * i + 1]), to_tf32(b[2 * i + 1])};
+          const uint32_t lo[4] = {to_tf32(a[2 * i] - __uint_as_float(hi[0])), to_tf32(b[2 * i] - __uint_as_float(hi[1])),
+                                  to_tf32(a[2 * i + 1] - __uint_as_float(hi[2])), to_tf32(b[2 * i + 1] - __uint_as_float(hi[3]))};
+#pragma unroll
+          for (int v = 0; v < NV; ++v) {
+            const uint32_t b0 = bpair[v][c][i] << 16, b1 = bpair[v][c][i] & 0xFFFF0000u;  // bf16 -> fp32 bits
+            mma_tf32(d[v], hi, b0, b1);
+            mma_tf32(d[v], lo, b0, b1);
+          }
+        }
+        if (flush && h > 0) {
+          // S_new = gamma_h S + U, U = sum_{p<h} c_p k_p^T with c_p = prod_{l=p+1}^{h-1} a_l (v_p or u_p) per row
+          // (Mamba-2: v; GDN: cached u): a rank-h product on the tensor cores, k = 8 records per step.
+          // Its D tile m holds, for lane (g, t), rows g and g + 8 at columns 32c + 8t + 2m and +1: the
+          // lane's own 8 columns, so U adds to the state in place. A = c (fp32, hi + lo), B = the bf16
+          // keys (exact in TF32); records p >= h are zero in both (the keys' shared rows past h are stale).
+          const int na = valid_a ? row_a / dv : 0, ra = row_a % dv, nb = valid_b ? row_b / dv : 0, rb = row_b % dv;
+          float u[4][4];  // [tile m][D register]
+#pragma unroll
+          for (int m = 0; m < 4; ++m) u[m][0] = u[m][1] = u[m][2] = u[m][3] = 0.0f;
+          for (int p0 = 0; p0 < h; p0 += 8) {
+            float cv[4];  // A registers: (row g, record p0 + t), (g + 8, p0 + t), (g, p0 + t + 4), (g + 8, p0 + t + 4)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const int p = p0 + t + 4 * (r / 2);
+              const bool upper = r % 2 == 1;
+              const bool ok = p < h && (upper ? valid_b : valid_a);
+              const int nn = upper ? nb : na, rr = upper ? rb : ra;
+              cv[r] = ok ? s_fw[nn * HM + p] * s_vals[(static_cast<std::size_t>(nn) * NP + p) * dv + rr] : 0.0f;
+            }
+            const uint32_t chi[4] = {to_tf32(cv[0]), to_tf32(cv[1]), to_tf32(cv[2]), to_tf32(cv[3])};
+            const uint32_t clo[4] = {to_tf32(cv[0] - __uint_as_float(chi[0])), to_tf32(cv[1] - __uint_as_float(chi[1])),
+                                     to_tf32(cv[2] - __uint_as_float(chi[2])), to_tf32(cv[3] - __uint_as_float(chi[3]))};
+            // B registers of tile m: records p0 + t and p0 + t + 4 at column n = g of the tile, which is the
+            // physical column 32c + 8 (g / 2) + 2m + g % 2 (where lane (g', t') with t' = g / 2 holds it in D).
+            const int pb0 = p0 + t, pb1 = p0 + t + 4;
+            const int colg = 32 * c + 8 * (g / 2) + g % 2;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+              const uint32_t k0 = pb0 < h ? __float_as_uint(s_keys[pb0 * DK + colg + 2 * m]) : 0u;
+              const uint32_t k1 = pb1 < h ? __float_as_uint(s_keys[pb1 * DK + colg + 2 * m]) : 0u;
+              mma_tf32(u[m], chi, k0, k1);
+              mma_tf32(u[m], clo, k0, k1);
+            }
+          }
+          const float ga = s_fg[na], gb = s_fg[nb];
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {  // D registers: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) of tile m
+            a[2 * m] = fmaf(ga, a[2 * m], u[m][0]);
+            a[2 * m + 1] = fmaf(ga, a[2 * m + 1], u[m][1]);
+            b[2 * m] = fmaf(gb, b[2 * m], u[m][2]);
+            b[2 * m + 1] = fmaf(gb, b[2 * m + 1], u[m][3]);
+          }
+#pragma unroll
+          for (int h4 = 0; h4 < 2; ++h4) {
+            const int col = 32 * c + 8 * t + 4 * h4;
+            if (valid_a) store_piece<StorageFormat::fp32, DK>(ck, row_a, col, a + 4 * h4, formats::RoundingMode::nearest_even, 0, 0);
+            if (valid_b) store_piece<StorageFormat::fp32, DK>(ck, row_b, col, b + 4 * h4, formats::RoundingMode::nearest_even, 0, 0);
+          }
+        }
+      }
+      // D: lane holds rows g (d[0], d[1]) and g + 8 (d[2], d[3]) of drafts 2t and 2t + 1.
+#pragma unroll
+      for (int v = 0; v < NV; ++v)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int s = 2 * t + (q & 1), row = q < 2 ? row_a : row_b;
+          if (s < TD && (q < 2 ? valid_a : valid_b)) s_rows[(v * TD + s) * rows_total + row] = d[v][q];
+        }
     }
+  } else {
+    // On the CUDA cores: 2T fused multiply-adds per state element and a warp reduction per row.
+    constexpr int LPR = T::LPR, RW = T::RW;
+    constexpr int kBatch = TD >= 8 ? 2 : 4;  // row iterations whose loads are issued together
+    for (int it0 = 0; it0 * kWarps * RW < rows_total; it0 += kBatch) {
+      float xb[kBatch][P][E];
 #pragma unroll
-  for (int j = 0; j < kBatch; ++j) {
-    const int row = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
-    const bool valid = row < rows_total;
-    float (&x)[P][E] = xb[j];
-    {
-      constexpr int NV = K == ssm::Recurrence::gdn ? 2 : 1, N = TD * NV;  // partial sums [v][s]
-      float part[N];
-#pragma unroll
-      for (int s = 0; s < TD; ++s) {
-        part[s] = 0.0f;
-        if constexpr (K == ssm::Recurrence::gdn) part[TD + s] = 0.0f;
+      for (int j = 0; j < kBatch; ++j) {
+        const int row = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-          part[s] = dot_acc<E>(x[p], qv[s][p], part[s]);
-          if constexpr (K == ssm::Recurrence::gdn) part[TD + s] = dot_acc<E>(x[p], kv[s][p], part[TD + s]);
+          if (row < rows_total) load4<StorageFormat::fp32, DK>(ck, row, T::col(lane, p), xb[j][p]);
+          else for (int e = 0; e < E; ++e) xb[j][p][e] = 0.0f;
         }
       }
-      if constexpr (N <= LPR) {
-        const float sum = row_sum_scatter<LPR, N>(part);
-        const int i = scatter_index<LPR, N>(lane);
-        if (valid && lane % (LPR / N) == 0) s_rows[i * rows_total + row] = sum;
-      } else {
 #pragma unroll
-        for (int i = 0; i < N; ++i) {
-          const float sum = row_sum<LPR>(part[i]);
-          if (valid && lane % LPR == 0) s_rows[i * rows_total + row] = sum;
+      for (int j = 0; j < kBatch; ++j) {
+        const int row = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
+        const bool valid = row < rows_total;
+        float (&x)[P][E] = xb[j];
+        {
+          constexpr int NV = K == ssm::Recurrence::gdn ? 2 : 1, N = TD * NV;  // partial sums [v][s]
+          float part[N];
+#pragma unroll
+          for (int s = 0; s < TD; ++s) {
+            part[s] = 0.0f;
+            if constexpr (K == ssm::Recurrence::gdn) part[TD + s] = 0.0f;
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+              part[s] = dot_acc<E>(x[p], qv[s][p], part[s]);
+              if constexpr (K == ssm::Recurrence::gdn) part[TD + s] = dot_acc<E>(x[p], kv[s][p], part[TD + s]);
+            }
+          }
+          if constexpr (N <= LPR) {
+            const float sum = row_sum_scatter<LPR, N>(part);
+            const int i = scatter_index<LPR, N>(lane);
+            if (valid && lane % (LPR / N) == 0) s_rows[i * rows_total + row] = sum;
+          } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+              const float sum = row_sum<LPR>(part[i]);
+              if (valid && lane % LPR == 0) s_rows[i * rows_total + row] = sum;
+            }
+          }
+        }
+        if (flush && h > 0) {
+          // S_new = gamma_h S + sum_{p<h} prod_{l=p+1}^{h-1} a_l  v_p k_p^T (Mamba-2: v; GDN: cached u).
+          const int nn = valid ? row / dv : 0, r = row % dv;
+          const float gamma_h = s_fg[nn];
+#pragma unroll
+          for (int p = 0; p < P; ++p)
+#pragma unroll
+            for (int e = 0; e < E; ++e) x[p][e] *= gamma_h;
+          for (int j = 0; j < h; ++j) {
+            const float c = valid ? s_fw[nn * HM + j] * s_vals[(static_cast<std::size_t>(nn) * NP + j) * dv + r] : 0.0f;
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+              const float4 k4 = *reinterpret_cast<const float4*>(s_keys + j * DK + T::col(lane, p));
+              x[p][0] = fmaf(c, k4.x, x[p][0]);
+              x[p][1] = fmaf(c, k4.y, x[p][1]);
+              x[p][2] = fmaf(c, k4.z, x[p][2]);
+              x[p][3] = fmaf(c, k4.w, x[p][3]);
+            }
+          }
+          if (valid)
+#pragma unroll
+            for (int p = 0; p < P; ++p)
+              store_piece<StorageFormat::fp32, DK>(ck, row, T::col(lane, p), x[p], formats::RoundingMode::nearest_even, 0, 0);
         }
       }
     }
-    if (flush && h > 0) {
-      // S_new = gamma_h S + sum_{p<h} prod_{l=p+1}^{h-1} a_l  v_p k_p^T (Mamba-2: v; GDN: cached u).
-      const int nn = valid ? row / dv : 0, r = row % dv;
-      const float gamma_h = s_fg[nn];
-#pragma unroll
-      for (int p = 0; p < P; ++p)
-#pragma unroll
-        for (int e = 0; e < E; ++e) x[p][e] *= gamma_h;
-      for (int j = 0; j < h; ++j) {
-        const float c = valid ? s_fw[nn * HM + j] * s_vals[(static_cast<std::size_t>(nn) * NP + j) * dv + r] : 0.0f;
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-          const float4 k4 = *reinterpret_cast<const float4*>(s_keys + j * DK + T::col(lane, p));
-          x[p][0] = fmaf(c, k4.x, x[p][0]);
-          x[p][1] = fmaf(c, k4.y, x[p][1]);
-          x[p][2] = fmaf(c, k4.z, x[p][2]);
-          x[p][3] = fmaf(c, k4.w, x[p][3]);
-        }
-      }
-      if (valid)
-#pragma unroll
-        for (int p = 0; p < P; ++p)
-          store_piece<StorageFormat::fp32, DK>(ck, row, T::col(lane, p), x[p], formats::RoundingMode::nearest_even, 0, 0);
-    }
-  }
   }
   __syncthreads();
   // One thread per (head, row): GDN solves the drafts' corrections (forward substitution of
