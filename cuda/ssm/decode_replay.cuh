@@ -151,18 +151,87 @@ __device__ __forceinline__ void stage_decay_weights(const ReplayArgs& A, const B
   }
 }
 
+// Record vectors as 16-byte chunks, when dv and the buffers allow: Mamba-2 8 bf16 values of v per load,
+// GDN 4 values (fp32 u, or bf16 v as 8 bytes). Nsight Compute (2026-12-04, experiments/bench/
+// decode_2026-12-04/call2_mma_verify/) counted the element-pair staging below at about 25 warp
+// instructions per pair, most of them index math (head, window position, ring slot) redone per pair;
+// per chunk the same math serves 4-8 values. The values stored are the same, bit for bit: bf16 -> fp32
+// is exact, and a weighted value is the same single product. Returns false where it does not apply.
+template <ssm::Recurrence K>
+__device__ __forceinline__ bool stage_record_chunks(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
+                                                    float* vals, int L, int h0, int staged, bool raw_v,
+                                                    const float* weights, const float* raw_heads, const SmallDiv& per_head) {
+  constexpr bool kMamba2 = K == ssm::Recurrence::mamba2;
+  constexpr int kChunk = kMamba2 ? 8 : 4;
+  const int dv = bg.dv;
+  const auto misaligned = [](const void* ptr, int bytes) { return reinterpret_cast<std::uintptr_t>(ptr) % bytes != 0; };
+  if (dv % kChunk != 0 || misaligned(A.in.v, 2 * kChunk) || misaligned(A.rec.v, 2 * kChunk) || misaligned(vals, 16) ||
+      (!kMamba2 && misaligned(A.rec.u, 16)))
+    return false;
+  const int chunks = dv / kChunk;  // per vector
+  const SmallDiv per_vector(chunks);
+  struct Where {
+    int n, p, col;
+  };
+  const auto where = [&](int i) {
+    const int vec = per_vector(i), n = per_head(vec);
+    return Where{n, vec - n * staged, (i - vec * chunks) * kChunk};
+  };
+  // Raw v (bf16) for Mamba-2, for a split flush's recomputed u, and for skipped GDN heads; else the cached u.
+  const auto raw_head = [&](int n) { return kMamba2 || raw_v || (raw_heads && raw_heads[n] != 0.0f); };
+  const auto bf16_bits_to_float = [](uint32_t pair, int half) { return __uint_as_float(half == 0 ? pair << 16 : pair & 0xFFFF0000u); };
+  using Chunk = std::conditional_t<kMamba2, uint4, float4>;
+  copy_unrolled<4>(
+      bg.NH * staged * chunks,
+      [&](int i) -> Chunk {
+        const Where at = where(i);
+        const std::size_t head = static_cast<std::size_t>(bg.head0) + at.n;
+        const std::size_t rec = (ring_slot(A.rec, bg.b, win, at.p) * bg.H + head) * dv + at.col;
+        const std::size_t cur = (static_cast<std::size_t>(bg.b) * bg.H + head) * dv + at.col;
+        const __nv_bfloat16* v = at.p == h0 ? A.in.v + cur : A.rec.v + rec;
+        if constexpr (kMamba2) {
+          return *reinterpret_cast<const uint4*>(v);
+        } else {
+          if (!raw_head(at.n)) return *reinterpret_cast<const float4*>(A.rec.u + rec);
+          const uint2 b = *reinterpret_cast<const uint2*>(v);
+          return make_float4(bf16_bits_to_float(b.x, 0), bf16_bits_to_float(b.x, 1), bf16_bits_to_float(b.y, 0),
+                             bf16_bits_to_float(b.y, 1));
+        }
+      },
+      [&](int i, Chunk x) {
+        const Where at = where(i);
+        const bool weighted = weights && !(!kMamba2 && raw_heads && raw_heads[at.n] != 0.0f);
+        const float w = weighted ? weights[at.n * L + at.p] : 1.0f;
+        float4* dst = reinterpret_cast<float4*>(vals + (static_cast<std::size_t>(at.n) * L + at.p) * dv + at.col);
+        const auto scaled = [&](float4 f) { return weighted ? make_float4(f.x * w, f.y * w, f.z * w, f.w * w) : f; };
+        if constexpr (kMamba2) {
+          dst[0] = scaled(make_float4(bf16_bits_to_float(x.x, 0), bf16_bits_to_float(x.x, 1), bf16_bits_to_float(x.y, 0),
+                                      bf16_bits_to_float(x.y, 1)));
+          dst[1] = scaled(make_float4(bf16_bits_to_float(x.z, 0), bf16_bits_to_float(x.z, 1), bf16_bits_to_float(x.w, 0),
+                                      bf16_bits_to_float(x.w, 1)));
+        } else {
+          dst[0] = scaled(x);
+        }
+      });
+  return true;
+}
+
 // Record vectors of the block's NH heads at window positions [0, staged) into vals [NH][L][dv]
 // (L = `stride`): Mamba-2 v (bf16; position h0 is the current token's v), GDN the cached fp32 u,
 // or with `raw_v` the GDN v (split flush recomputes u). With `weights` (sh.w, [NH][L]) each vector
 // is stored multiplied by its decay weight w_p. `raw_heads` (sh.skip, or nullptr): heads n with
 // raw_heads[n] != 0 take the raw v unweighted too (a skipped GDN read recomputes every u from zero).
-// Eight independent loads per thread in flight.
-template <ssm::Recurrence K>
+// Eight independent loads per thread in flight. kChunked: 16-byte chunks where they apply (above);
+// the flush kernel stages by pairs, because at its 80-register bound the chunked staging made the GDN
+// instances spill (ptxas: 0 -> 212 B at dk = 128).
+template <ssm::Recurrence K, bool kChunked>
 __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
                                                      float* vals, int stride, int h0, int staged, bool raw_v,
                                                      const float* weights, const float* raw_heads = nullptr) {
   const int dv = bg.dv, L = stride;
   const SmallDiv per_head(staged);
+  if constexpr (kChunked)
+    if (stage_record_chunks<K>(A, bg, win, vals, stride, h0, staged, raw_v, weights, raw_heads, per_head)) return;
   if (dv % 2 == 0) {  // element pairs: one 4-byte (bf16) or 8-byte (fp32) load per pair
     copy_vectors(
         bg.NH * staged, dv / 2,

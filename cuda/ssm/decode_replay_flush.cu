@@ -274,7 +274,7 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
       [&](int i, float2 x) { reinterpret_cast<float2*>(sh.keys)[i] = x; });
   stage_decay_weights(A, bg, win, sh, h0, staged, K == ssm::Recurrence::gdn);
   __syncthreads();  // weights ready: the record vectors are staged as V'[p][r] = w_p v_p[r]
-  stage_record_vectors<K>(A, bg, win, sh.vals, sh.stride, h0, staged, recompute_u, recompute_u ? nullptr : sh.w,
+  stage_record_vectors<K, false>(A, bg, win, sh.vals, sh.stride, h0, staged, recompute_u, recompute_u ? nullptr : sh.w,
                           skip_on ? sh.skip : nullptr);
   __syncthreads();
   for (int n = 0; n < bg.NH; ++n) {

@@ -16,7 +16,7 @@ namespace {
 // are not loaded.
 template <StorageFormat R, int DK, int kBatch, int P>
 __device__ __forceinline__ void load_checkpoint_batch(const HeadView rv, const float* tensor_scales, std::size_t hb0,
-                                                      int dv, int rows_total, int iterations, int it0,
+                                                      const SmallDiv& head_of_row, int rows_total, int iterations, int it0,
                                                       RawPiece (&raw)[kBatch][P], float (&tscale)[kBatch],
                                                       const float* skipped) {
   using T = Tile<R, DK>;
@@ -24,9 +24,11 @@ __device__ __forceinline__ void load_checkpoint_batch(const HeadView rv, const f
 #pragma unroll
   for (int j = 0; j < kBatch; ++j) {
     const int row = ((it0 + j) * kWarps + warp) * T::RW + T::row_in_iteration(lane);
-    const bool valid = it0 + j < iterations && row < rows_total && !(skipped && skipped[row / dv] != 0.0f);
+    // head_of_row(row) = row / dv without the runtime integer division (Nsight Compute: the division
+    // here was 7% of the NVFP4 read's instructions).
+    const bool valid = it0 + j < iterations && row < rows_total && !(skipped && skipped[head_of_row(row)] != 0.0f);
     tscale[j] = 1.0f;
-    if (valid && R == StorageFormat::nvfp4) tscale[j] = tensor_scales[hb0 + row / dv];
+    if (valid && R == StorageFormat::nvfp4) tscale[j] = tensor_scales[hb0 + head_of_row(row)];
 #pragma unroll
     for (int p = 0; p < P; ++p) raw[j][p] = valid ? load_raw_piece<R, DK>(rv, row, T::col(lane, p)) : RawPiece{};
   }
@@ -59,6 +61,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   const HeadView rv = head_view(read_state, hb0, dv, DK);  // NH adjacent heads: one tall matrix
   const float* const tensor_scales = read_state.tensor_scales;
   const int rows_total = NH * dv;
+  const SmallDiv head_of_row(dv);
   const int iterations = (rows_total + kWarps * RW - 1) / (kWarps * RW);
   auto row_of = [&](int it) { return (it * kWarps + warp) * RW + T::row_in_iteration(lane); };
   // Appendix F: the skip decisions come before the first load, so no skipped row is read.
@@ -67,10 +70,10 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   const float* const skipped = skip_on ? sh.skip : nullptr;
   RawPiece raw[kBatch][P];
   float tscale[kBatch];
-  load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, dv, rows_total, iterations, 0, raw, tscale, skipped);
+  load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, head_of_row, rows_total, iterations, 0, raw, tscale, skipped);
 
   // Record phase: record vectors, decay weights, key products (c1_p = k_p . q_t; GDN c2_p = k_p . k_t).
-  stage_record_vectors<K>(A, bg, win, sh.vals, sh.stride, h0, staged, false, nullptr);
+  stage_record_vectors<K, true>(A, bg, win, sh.vals, sh.stride, h0, staged, false, nullptr);
   stage_decay_weights(A, bg, win, sh, h0, staged, false);
   {
     using KT = Tile<StorageFormat::fp32, DK>;
@@ -104,7 +107,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
       for (int p = 0; p < P; ++p) cur[j][p] = raw[j][p];
     }
     if (it0 + kBatch < iterations)
-      load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, dv, rows_total, iterations, it0 + kBatch, raw, tscale, skipped);
+      load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, head_of_row, rows_total, iterations, it0 + kBatch, raw, tscale, skipped);
     constexpr int N = kBatch * NV;  // partial sums per lane, [j][v]
     float acc[N];
 #pragma unroll
@@ -135,7 +138,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   __syncthreads();
   // One thread per (head, row): fold the staged records.
   for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
-    const int n = idx / dv, r = idx % dv;
+    const int n = head_of_row(idx), r = idx - n * dv;
     const std::size_t hb = hb0 + n;
     const float* vn = sh.vals + static_cast<std::size_t>(n) * L * dv;
     const float* wn = sh.w + n * L;
