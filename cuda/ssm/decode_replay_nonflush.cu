@@ -169,9 +169,9 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
 // Both read the current window state; the flush kernel (launched first, this one as its
 // programmatic dependent) writes the next one.
 // Blocks per SM the register budget is sized for. NVFP4 pieces hold 32 columns, so a lane's slice of
-// q (and k) alone takes 32 (64) registers. Not spill-free everywhere (ptxas -v, sm_90, 2026-12-04): the
-// plain Mamba-2 instances spill at fp8b128/dk 128 (24 B) and fp32/dk 256 (20 B), GDN at nvfp4 (4-8 B),
-// and several kSkip instances 24-120 B. Nsight Compute shows the low-precision reads issue-bound, not
+// q (and k) alone takes 32 (64) registers. Not spill-free everywhere (ptxas -v, sm_90, 2026-12-04, with
+// the chunked record staging): the plain Mamba-2 instances spill at fp8b128/dk 128 (24 B) and fp32/dk 256
+// (24 B), GDN at nvfp4 (4 B), and several kSkip instances 4-104 B. Nsight Compute shows the low-precision reads issue-bound, not
 // spill-bound (experiments/bench/decode_2026-12-04/README.md), so the bounds were left as they are.
 template <ssm::Recurrence K, StorageFormat R, int DK>
 constexpr int nonflush_min_blocks() {
