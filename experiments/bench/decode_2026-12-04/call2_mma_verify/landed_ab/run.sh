@@ -17,7 +17,9 @@ for round in 1 2; do
 done
 t1=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 150 $B/replayssm-bench bench --batch 32 256 --window 16 --drafts 8 --csv $R/bench_main.csv > $R/bench_main.txt 2>&1; echo "bench main rc=$? $((SECONDS-t1))s"
 # Nsight: per-instruction counts of the non-flush read (which instructions grow with the window position)
-mkdir -p /work 2>/dev/null && [ ! -e /work/main ] && ln -s $PWD /work/main 2>/dev/null  # the line tables name /work/main
+# The line tables name the repository root of the machine that built the library; BUILD_ROOT (optional) links
+# that path to this checkout so that --import-source finds the sources (in this run both roots were the same).
+if [ -n "${BUILD_ROOT:-}" ] && [ ! -e "$BUILD_ROOT" ]; then mkdir -p "$(dirname "$BUILD_ROOT")" && ln -s "$PWD" "$BUILD_ROOT"; fi
 for spec in "0 4" "0 64" "6 16"; do set -- $spec; f=$1; L=$2
   t1=$SECONDS
   LD_LIBRARY_PATH=$NEW timeout 90 ncu --kernel-name-base demangled --kernel-name "regex:replay_nonflush_kernel<.*StorageFormat\)$f, \(int\)128, \(bool\)0" --launch-count 1 --section SourceCounters --section InstructionStats --section SpeedOfLight --import-source yes -f -o $R/nf_f${f}_L$L $B/replayssm-bench bench --shapes nemotron-3-super --batch 256 --window $L --arena-gib 20 --repeats 1 --no-check > $R/nf_f${f}_L$L.log 2>&1
