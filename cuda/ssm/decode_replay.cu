@@ -39,15 +39,34 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
     throw_invalid_argument("replay decode: heads_per_block too large for shared memory (the flush block stages the "
                            "window for every head)",
                            "heads_per_block", NH, "bytes", static_cast<long>(flush_smem));
-  const ReplayArgs A = make_replay_args(shape, in, config, records, NH, stage);
-  const dim3 grid(shape.value_heads / NH, shape.batch);
+  // The flush kernel gets its own heads per block. Its blocks work only for the sequences that flush
+  // (with staggered windows B / L of them; the blocks of the others return at once), so at small B a
+  // few blocks carry the whole flush while the non-flush grid is short. Fewer heads per flush block
+  // spread that work; but each returning block costs too (measured, H200, 2026-12-04: the non-flush
+  // step of Nemotron-3-Super at B = 256 took 294 / 305 / 329 us with 8192 / 16384 / 32768 flush
+  // blocks). So: the fewest heads per block whose flush grid stays within kMaxFlushBlocksPerSm blocks
+  // per SM, else the non-flush kernel's NH (experiments/bench/decode_2026-12-04/call4_flush_grid/).
+  constexpr long kMaxFlushBlocksPerSm = 12;
+  int NH_flush = NH;
+  if (config.heads_per_block == 0)
+    for (int nh = 1; nh < NH; ++nh)
+      if (shape.heads_per_group() % nh == 0 &&
+          static_cast<long>(shape.batch) * (shape.value_heads / nh) <= kMaxFlushBlocksPerSm * sm_count()) {
+        NH_flush = nh;
+        break;
+      }
+  ReplayArgs A = make_replay_args(shape, in, config, records, NH, stage);
+  const dim3 grid(shape.value_heads / NH, shape.batch), flush_grid(shape.value_heads / NH_flush, shape.batch);
+  A.step_blocks = grid.x + flush_grid.x;
+  ReplayArgs A_flush = A;
+  A_flush.heads_per_block = NH_flush;
   // The flush kernel first, the non-flush kernel as its programmatic dependent: they work on disjoint
   // sequences, so the second may start as soon as every block of the first has started. In the other
   // order the flush (latency-bound, 1/L of the sequences) could start only once the last wave of the
   // non-flush grid was resident, and ran almost alone: Nsight Compute on Nemotron-3-Super, B = 256,
   // L = 16 gave 258 us + 71 us for the two kernels where the staggered step took 327.5 us. (What
   // follows in the stream still waits for both.)
-  launch_replay_flush(kind, config.recur.format, A, grid, stream);
+  launch_replay_flush(kind, config.recur.format, A_flush, flush_grid, stream);
   launch_replay_nonflush(kind, read, A, grid, stream);
   REPLAYSSM_CUDA_CHECK_LAUNCH();
   advance_host_parity(records);

@@ -22,8 +22,9 @@ struct ReplayArgs {
   formats::RoundingMode recur_mode;
   uint64_t seed;
   DeviceRecords rec;
-  int heads_per_block;  // NH
+  int heads_per_block;  // NH of the kernel launched with these arguments (the two kernels may differ)
   int stage;            // positions a flush may stage: L, or max(L, T) + 1 when the ring serves verification
+  unsigned step_blocks = 0;  // blocks of one sequence in both kernels together (step_block_done)
   // Error feedback (+ef): the recur copy's writes add recur.residual (fp16 recur copy); the read
   // copy's do when read.residual is set. recur_mode is then nearest_even.
   bool recur_ef = false;
@@ -222,8 +223,8 @@ __device__ __forceinline__ bool stage_record_chunks(const ReplayArgs& A, const B
 // is stored multiplied by its decay weight w_p. `raw_heads` (sh.skip, or nullptr): heads n with
 // raw_heads[n] != 0 take the raw v unweighted too (a skipped GDN read recomputes every u from zero).
 // Eight independent loads per thread in flight. kChunked: 16-byte chunks where they apply (above);
-// the flush kernel stages by pairs, because at its 80-register bound the chunked staging made the GDN
-// instances spill (ptxas: 0 -> 212 B at dk = 128).
+// the flush kernel chunks only in its plain Mamba-2 instances at dk >= 128 (chunked_flush_records in
+// decode_replay_flush.cu says why).
 template <ssm::Recurrence K, bool kChunked>
 __device__ __forceinline__ void stage_record_vectors(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
                                                      float* vals, int stride, int h0, int staged, bool raw_v,

@@ -235,6 +235,12 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
   }
 }
 
+// Record vectors staged as 16-byte chunks (decode_replay.cuh) in the plain Mamba-2 instances at dk >= 128.
+// Elsewhere ptxas spilled at this kernel's 80-register bound (sm_90): GDN 212 B at dk = 128, Mamba-2
+// 24 B at dk = 64 and 94 B with error feedback (fp16 recur copy).
+template <ssm::Recurrence K, int DK, bool kExtras>
+constexpr bool chunked_flush_records() { return K == ssm::Recurrence::mamba2 && DK >= 128 && !kExtras; }
+
 // `flush`: the sequence's window is full (fold, output, write). Else (GDN with skip_read only) the
 // block serves the heads whose non-flush read is skipped, and returns at once if there are none.
 template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras>
@@ -274,7 +280,7 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
       [&](int i, float2 x) { reinterpret_cast<float2*>(sh.keys)[i] = x; });
   stage_decay_weights(A, bg, win, sh, h0, staged, K == ssm::Recurrence::gdn);
   __syncthreads();  // weights ready: the record vectors are staged as V'[p][r] = w_p v_p[r]
-  stage_record_vectors<K, false>(A, bg, win, sh.vals, sh.stride, h0, staged, recompute_u, recompute_u ? nullptr : sh.w,
+  stage_record_vectors<K, chunked_flush_records<K, DK, kExtras>()>(A, bg, win, sh.vals, sh.stride, h0, staged, recompute_u, recompute_u ? nullptr : sh.w,
                           skip_on ? sh.skip : nullptr);
   __syncthreads();
   for (int n = 0; n < bg.NH; ++n) {
@@ -324,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
     if (flush) append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
     replay_flush_block<K, RecurF, DK, kExtras>(A, bg, win, sh, flush);
   }
-  step_block_done(A.rec, bg.b, 2 * gridDim.x);
+  step_block_done(A.rec, bg.b, A.step_blocks);  // this kernel's and the non-flush kernel's blocks
 }
 
 }  // namespace

@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) rep
     append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
     replay_nonflush_block<K, R, DK, kSkip>(A, bg, win, sh);
   }
-  step_block_done(A.rec, bg.b, 2 * gridDim.x);  // this kernel's and the flush kernel's blocks
+  step_block_done(A.rec, bg.b, A.step_blocks);  // this kernel's and the flush kernel's blocks
 }
 
 }  // namespace

@@ -13,6 +13,39 @@ using namespace decode_detail;
 
 namespace {
 
+// Copies `count` vectors of `len` elements as 16-byte chunks (8 bf16 or 4 fp32 values each): src(v)
+// and dst(v) give vector v's first element. The index math (which vector, whose ring slot) is done once
+// per chunk instead of once per element. bf16 -> fp32 is exact, so the values are the same as an
+// element-wise copy's. The caller checks that len is a multiple of the chunk and the rows are 16-byte aligned.
+template <int kUnroll, class Src, class Dst>
+__device__ __forceinline__ void copy_vector_chunks(int count, int len, Src&& src, Dst&& dst) {
+  using S = std::remove_cv_t<std::remove_pointer_t<decltype(src(0))>>;
+  using D = std::remove_pointer_t<decltype(dst(0))>;
+  constexpr int kChunk = 16 / static_cast<int>(sizeof(S));
+  static_assert(std::is_same_v<S, D> || (std::is_same_v<S, __nv_bfloat16> && std::is_same_v<D, float>),
+                "a plain copy, or bf16 widened to fp32");
+  const int chunks = len / kChunk;
+  const SmallDiv per_vector(chunks);
+  copy_unrolled<kUnroll>(
+      count * chunks,
+      [&](int i) {
+        const int v = per_vector(i);
+        return *reinterpret_cast<const uint4*>(src(v) + (i - v * chunks) * kChunk);
+      },
+      [&](int i, uint4 x) {
+        const int v = per_vector(i);
+        D* out = dst(v) + (i - v * chunks) * kChunk;
+        if constexpr (std::is_same_v<S, D>) {
+          *reinterpret_cast<uint4*>(out) = x;
+        } else {  // bf16 bits b -> fp32 bits b << 16
+          const auto lo = [](uint32_t w) { return __uint_as_float(w << 16); };
+          const auto hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
+          reinterpret_cast<float4*>(out)[0] = make_float4(lo(x.x), hi(x.x), lo(x.y), hi(x.y));
+          reinterpret_cast<float4*>(out)[1] = make_float4(lo(x.z), hi(x.z), lo(x.w), hi(x.w));
+        }
+      });
+}
+
 // ================================ speculative verification ====================================
 struct VerifyArgs {
   DecodeShape shape;
@@ -123,13 +156,21 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
   auto in_head = [&](int s, int nn) { return (static_cast<std::size_t>(bg.b) * TD + s) * bg.H + bg.head0 + nn; };
   // Draft records after the committed ones (rejected ones are overwritten later).
   const SmallDiv per_draft(NH);
-  copy_vectors(
-      TD * NH, dv,
-      [&](int vec, int r) { const int s = per_draft(vec), nn = vec - s * NH; return A.in.v[in_head(s, nn) * dv + r]; },
-      [&](int vec, int r, __nv_bfloat16 x) {
-        const int s = per_draft(vec), nn = vec - s * NH;
-        A.rec.v[(ring_slot(A.rec, bg.b, win, h + s) * bg.H + bg.head0 + nn) * dv + r] = x;
-      });
+  // Record vectors move as 16-byte chunks where dv and the buffers allow (the index math once per chunk,
+  // not per element; the values are the same), else element by element.
+  const auto aligned16 = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
+  const bool v_chunks = dv % 8 == 0 && aligned16(A.in.v) && aligned16(A.rec.v);
+  const auto draft_v_src = [&](int vec) { const int s = per_draft(vec), nn = vec - s * NH; return A.in.v + in_head(s, nn) * dv; };
+  const auto draft_v_dst = [&](int vec) {
+    const int s = per_draft(vec), nn = vec - s * NH;
+    return A.rec.v + (ring_slot(A.rec, bg.b, win, h + s) * bg.H + bg.head0 + nn) * dv;
+  };
+  if (v_chunks)
+    copy_vector_chunks<4>(TD * NH, dv, draft_v_src, draft_v_dst);
+  else
+    copy_vectors(
+        TD * NH, dv, [&](int vec, int r) { return draft_v_src(vec)[r]; },
+        [&](int vec, int r, __nv_bfloat16 x) { draft_v_dst(vec)[r] = x; });
   if (bg.vh0 == 0)
     copy_unrolled<4>(
         TD * DK / 2, [&](int i) { return reinterpret_cast<const __nv_bfloat162*>(draft_k(2 * i / DK))[i % (DK / 2)]; },
@@ -146,18 +187,33 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
   // Stage: committed record vectors (v or u), draft v (Mamba-2), decays, betas, committed keys.
   const int committed_vals = K == ssm::Recurrence::mamba2 ? n : h;
   const SmallDiv per_head(committed_vals > 0 ? committed_vals : 1);
-  copy_vectors(
-      NH * committed_vals, dv,
-      [&](int vec, int r) {
-        const int nn = per_head(vec), p = vec - nn * committed_vals;
-        if (p >= h) return __bfloat162float(A.in.v[in_head(p - h, nn) * dv + r]);
-        const std::size_t rec = (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn) * dv + r;
-        return K == ssm::Recurrence::mamba2 ? __bfloat162float(A.rec.v[rec]) : A.rec.u[rec];
-      },
-      [&](int vec, int r, float x) {
-        const int nn = per_head(vec), p = vec - nn * committed_vals;
-        s_vals[(static_cast<std::size_t>(nn) * NP + p) * dv + r] = x;
-      });
+  const auto staged_dst = [&](int vec) {
+    const int nn = per_head(vec), p = vec - nn * committed_vals;
+    return s_vals + (static_cast<std::size_t>(nn) * NP + p) * dv;
+  };
+  if constexpr (K == ssm::Recurrence::mamba2) {
+    const auto v_src = [&](int vec) {
+      const int nn = per_head(vec), p = vec - nn * committed_vals;
+      return p >= h ? A.in.v + in_head(p - h, nn) * dv : A.rec.v + (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn) * dv;
+    };
+    if (v_chunks)
+      copy_vector_chunks<4>(NH * committed_vals, dv, v_src, staged_dst);
+    else
+      copy_vectors(
+          NH * committed_vals, dv, [&](int vec, int r) { return __bfloat162float(v_src(vec)[r]); },
+          [&](int vec, int r, float x) { staged_dst(vec)[r] = x; });
+  } else {  // GDN: the committed records' cached u (committed_vals = h)
+    const auto u_src = [&](int vec) {
+      const int nn = per_head(vec), p = vec - nn * committed_vals;
+      return A.rec.u + (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0 + nn) * dv;
+    };
+    if (dv % 4 == 0 && aligned16(A.rec.u))
+      copy_vector_chunks<4>(NH * committed_vals, dv, u_src, staged_dst);
+    else
+      copy_vectors(
+          NH * committed_vals, dv, [&](int vec, int r) { return u_src(vec)[r]; },
+          [&](int vec, int r, float x) { staged_dst(vec)[r] = x; });
+  }
   copy_unrolled<2>(
       NH * n,
       [&](int idx) {
