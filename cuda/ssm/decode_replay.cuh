@@ -58,12 +58,28 @@ inline ReplayArgs make_replay_args(const DecodeShape& shape, const StepInputs& i
 }
 
 // Dynamic shared memory of a replay block. Non-flush blocks stage the NH heads' record vectors;
-// flush blocks also stage the window's keys (fp32), shared by the NH heads. Per-position arrays
-// have `stride` slots per head: L for non-flush blocks (they stage at most L - 1 records), the
-// launch's `stage` for flush blocks.
+// flush blocks also stage the window's keys (fp32), shared by the NH heads, and at dk = 128, in rows
+// padded by kKeyPad floats, a buffer of kFoldRows rows per warp plus the query, for the fold
+// on the tensor cores (decode_replay_flush.cu): the buffer takes a warp's checkpoint rows (loaded
+// into it, or moved through it between the checkpoint layout and the mma layout). The pad keeps that
+// path's key fragments free of bank conflicts: at a record stride of 136 floats the four records a
+// lane quad reads start 8 banks apart. Per-position arrays have `stride` slots per head: L for
+// non-flush blocks (they stage at most L - 1 records), the launch's `stage` for flush blocks.
+constexpr int kKeyPad = 8;
+constexpr int kFoldRows = 8;  // rows of one warp's fold (kFlushRows)
+__host__ __device__ constexpr bool flush_fold_buffer(int DK) { return DK == 128; }
+// Other dk keep unpadded rows: no tensor-core path reads their keys.
+__host__ __device__ constexpr int flush_key_stride(int DK) { return DK + (flush_fold_buffer(DK) ? kKeyPad : 0); }
+__host__ __device__ constexpr std::size_t flush_fold_floats(int DK) {
+  return flush_fold_buffer(DK) ? static_cast<std::size_t>(kWarps) * kFoldRows * flush_key_stride(DK) + DK : 0;
+}
+
 struct ReplayShared {
   int stride;
-  float* keys;     // [stride][DK] (flush only)
+  int key_stride;  // floats from one staged key to the next (flush)
+  float* keys;     // [stride][key_stride] (flush only)
+  float* fold;     // [kWarps][kFoldRows][key_stride] (flush at dk = 128)
+  float* query;    // [DK] q_t (flush at dk = 128)
   float* vals;     // [NH][stride][dv] record vectors (flush: pre-multiplied by w unless u is recomputed)
   float* a;        // [NH][stride] decays
   float* w;        // [NH][stride] decay weights prod_{l>p} a_l
@@ -78,15 +94,19 @@ struct ReplayShared {
 };
 
 __host__ __device__ inline std::size_t replay_shared_floats(int L, int DK, int dv, int NH, bool flush) {
-  return (flush ? static_cast<std::size_t>(L) * DK : 0) + static_cast<std::size_t>(NH) * L * dv +
-         3 * static_cast<std::size_t>(NH) * L + 2 * L + 2 * NH * dv + 2 * NH + kWarps;
+  return (flush ? static_cast<std::size_t>(L) * flush_key_stride(DK) + flush_fold_floats(DK) : 0) +
+         static_cast<std::size_t>(NH) * L * dv + 3 * static_cast<std::size_t>(NH) * L + 2 * L + 2 * NH * dv + 2 * NH +
+         kWarps;
 }
 
 __device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK, int dv, int NH, bool flush) {
   ReplayShared s;
   s.stride = L;
-  s.keys = base;
-  s.vals = s.keys + (flush ? static_cast<std::size_t>(L) * DK : 0);
+  s.key_stride = flush_key_stride(DK);
+  s.keys = base;  // every piece up to vals is a multiple of 4 floats: vals stays 16-byte aligned
+  s.fold = s.keys + (flush ? static_cast<std::size_t>(L) * s.key_stride : 0);
+  s.query = s.fold + (flush ? static_cast<std::size_t>(kWarps) * kFoldRows * s.key_stride : 0);
+  s.vals = s.fold + (flush ? flush_fold_floats(DK) : 0);
   s.a = s.vals + static_cast<std::size_t>(NH) * L * dv;
   s.w = s.a + NH * L;
   s.beta = s.w + NH * L;

@@ -1,6 +1,7 @@
 // ReplaySSM standard decode, the flush step: S = REPLAY(S_ckpt^recur, B[1:h+1]) on chip, the output S q,
 // the recurrence copy written (RTN or SR) and, split, the read (LP) copy (REPLAYSSM.md sections 2-4).
 #include "ssm/decode_replay.cuh"
+#include "ssm/mma_tf32.cuh"
 
 namespace replayssm::cuda {
 
@@ -17,7 +18,7 @@ namespace {
 // Each warp owns kFlushRows consecutive row slots (x in registers) and the window is folded as a
 // small GEMM, S <- gamma S + V' K with V'[r][p] = w_p v_p[r] staged in shared memory: per record a
 // lane reads its key columns once (16 bytes) and the row coefficients as broadcasts.
-constexpr int kFlushRows = 8;
+constexpr int kFlushRows = kFoldRows;
 
 template <int DK>
 struct FlushRows {
@@ -46,6 +47,205 @@ __device__ __forceinline__ void load_flush_rows(const HeadView& recur_view, int 
     for (int p = 0; p < FR::P; ++p) {
       if (row < dv) load4<RecurF, DK>(recur_view, row, FR::T::col(lane, p), x[j][p]);
       else x[j][p][0] = x[j][p][1] = x[j][p][2] = x[j][p][3] = 0.0f;
+    }
+  }
+}
+
+// ---- The fold on the tensor cores (dk = 128) ----
+// S <- gamma S + V'^T K for one warp's kFoldRows rows (eq. 5 summed over the window) as m16n8k8
+// TF32 products, 8 records per product: M = 16 state columns, N = the warp's 8 rows, K = 8 records.
+// A = the keys (bf16 values, exact in TF32), B = the row coefficients w_r v_r[row] as tf32 hi + lo
+// (two products), the accumulators start at gamma S. Each product is exact in fp32; only the order of
+// the sums differs from the CUDA-core fold. Nsight Compute had that fold's FMAs and shared-memory
+// loads at about a third of the flush kernel's instructions: per 8 records a lane issued 256 FMAs
+// and 24 loads, here 16 mma and 8 loads.
+// The mma layout: M index i of m-tile m stands for column 4 (i mod 8) + 32 (m / 2) + 2 (m mod 2) +
+// i / 8, so lane (g = lane / 4, t = lane % 4) holds rows 2t and 2t + 1 at the 16 columns
+// 4g + 32 c + e (c, e = 0..3): acc[m] = {(2t, col), (2t + 1, col), (2t, col + 1), (2t + 1, col + 1)}
+// with col = 4g + 32 (m / 2) + 2 (m mod 2) (mma_tf32's table). A lane's columns come in four 16-byte
+// pieces, and the eight lanes of a row cover 128 contiguous bytes per piece: the checkpoint's loads
+// and stores stay coalesced in this layout. The warp's buffer (sh.fold) holds rows in the order
+// 0, 2, 4, 6, 1, 3, 5, 7 at a stride of dk + 8 floats, so that the eight lanes of a 16-byte access
+// phase hit distinct banks whether they read a row piece (checkpoint layout) or a column piece (mma
+// layout). A CPU re-enactment of the map: experiments/bench/decode_2026-12-04/call4_flush_grid/next/.
+// Measured (H200, 2026-12-04, experiments/bench/decode_2026-12-04/call5_flush_mma/): Mamba-2's flush
+// step gains; GDN's plain instances did not (within +-1%) and ptxas spilled more in them, but its
+// error-feedback / appendix-F instances spill less (78 B against 214 B) and their flush gained 9%.
+template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras>
+constexpr bool flush_fold_on_tensor_cores() {
+  return flush_fold_buffer(DK) && (K == ssm::Recurrence::mamba2 || kExtras);
+}
+
+// The plain Mamba-2 flush from an FP32 checkpoint without a read copy streams its rows through the
+// warp buffers with cp.async (flush_rows_pipelined); elsewhere the rows pass through registers.
+template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras>
+constexpr bool flush_rows_streamed() {
+  return K == ssm::Recurrence::mamba2 && RecurF == StorageFormat::fp32 && flush_fold_buffer(DK) && !kExtras;
+}
+
+constexpr int kMmaTiles = 8;  // m-tiles of dk = 128 columns
+__device__ __forceinline__ int fold_slot(int row) { return (row % 2) * 4 + row / 2; }  // the buffer's row order
+
+// acc = gamma x the warp's rows in the buffer, read in the mma layout.
+template <int DK>
+__device__ __forceinline__ void fold_accumulators_from_buffer(const float* buf, float gamma, float (&acc)[kMmaTiles][4]) {
+  constexpr int KS = flush_key_stride(DK);
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int c = 0; c < kMmaTiles / 2; ++c) {
+    const float4 r0 = *reinterpret_cast<const float4*>(buf + fold_slot(2 * t) * KS + 4 * g + 32 * c);
+    const float4 r1 = *reinterpret_cast<const float4*>(buf + fold_slot(2 * t + 1) * KS + 4 * g + 32 * c);
+    acc[2 * c][0] = gamma * r0.x, acc[2 * c][1] = gamma * r1.x, acc[2 * c][2] = gamma * r0.y, acc[2 * c][3] = gamma * r1.y;
+    acc[2 * c + 1][0] = gamma * r0.z, acc[2 * c + 1][1] = gamma * r1.z, acc[2 * c + 1][2] = gamma * r0.w,
+                   acc[2 * c + 1][3] = gamma * r1.w;
+  }
+}
+
+// The lane's piece c of row 2t + odd in the mma layout: columns 4g + 32c .. + 3.
+__device__ __forceinline__ float4 fold_piece(const float (&acc)[kMmaTiles][4], int c, int odd) {
+  return make_float4(acc[2 * c][odd], acc[2 * c][2 + odd], acc[2 * c + 1][odd], acc[2 * c + 1][2 + odd]);
+}
+
+// acc += the staged records' rank-`staged` update for the warp's rows row0 .. row0 + 7 of one head
+// (`vals`: the head's V' = w_p v_p, [staged][dv]).
+template <int DK>
+__device__ __forceinline__ void fold_records_mma(float (&acc)[kMmaTiles][4], const float* keys, const float* vals, int dv,
+                                                 int row0, int staged) {
+  constexpr int KS = flush_key_stride(DK);
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const bool row_valid = row0 + g < dv;  // rows past dv: zero coefficients (their x is zero and not stored)
+  for (int r0 = 0; r0 < staged; r0 += 8) {
+    const int ra = r0 + t, rb = r0 + t + 4;  // the lane's records: K index t and t + 4
+    const bool va = ra < staged, vb = rb < staged;
+    const float ca = va && row_valid ? vals[ra * dv + row0 + g] : 0.0f;
+    const float cb = vb && row_valid ? vals[rb * dv + row0 + g] : 0.0f;
+    const uint32_t ca_hi = to_tf32(ca), cb_hi = to_tf32(cb);
+    const uint32_t ca_lo = to_tf32(ca - __uint_as_float(ca_hi)), cb_lo = to_tf32(cb - __uint_as_float(cb_hi));
+#pragma unroll
+    for (int c = 0; c < kMmaTiles / 2; ++c) {
+      // Records past `staged` (the last chunk's padding) read as zero: that shared memory is not written.
+      const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 ka = va ? *reinterpret_cast<const float4*>(keys + ra * KS + 4 * g + 32 * c) : zero;
+      const float4 kb = vb ? *reinterpret_cast<const float4*>(keys + rb * KS + 4 * g + 32 * c) : zero;
+      const uint32_t a_even[4] = {__float_as_uint(ka.x), __float_as_uint(ka.y), __float_as_uint(kb.x), __float_as_uint(kb.y)};
+      const uint32_t a_odd[4] = {__float_as_uint(ka.z), __float_as_uint(ka.w), __float_as_uint(kb.z), __float_as_uint(kb.w)};
+      mma_tf32(acc[2 * c], a_even, ca_hi, cb_hi);
+      mma_tf32(acc[2 * c], a_even, ca_lo, cb_lo);
+      mma_tf32(acc[2 * c + 1], a_odd, ca_hi, cb_hi);
+      mma_tf32(acc[2 * c + 1], a_odd, ca_lo, cb_lo);
+    }
+  }
+}
+
+// The fold for rows held in registers in the checkpoint layout (x[j]: row j, columns 4 lane .. + 3):
+// through the warp's buffer into the mma layout and back.
+template <int DK>
+__device__ __forceinline__ void fold_window_mma(float (*x)[FlushRows<DK>::P][4], float gamma, const ReplayShared& sh,
+                                                const float* vals, int dv, int row0, int staged) {
+  static_assert(DK == 128 && FlushRows<DK>::P == 1 && FlushRows<DK>::RW == 1 && kFlushRows == 8,
+                "the mma fold's map is written for dk = 128: 8 rows x 128 columns per warp");
+  constexpr int KS = flush_key_stride(DK);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, t = lane % 4, g = lane / 4;
+  float* const buf = sh.fold + static_cast<std::size_t>(warp) * kFoldRows * KS;
+  __syncwarp();  // the previous group's reads of buf are done
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    *reinterpret_cast<float4*>(buf + fold_slot(j) * KS + 4 * lane) = make_float4(x[j][0][0], x[j][0][1], x[j][0][2], x[j][0][3]);
+  __syncwarp();
+  float acc[kMmaTiles][4];
+  fold_accumulators_from_buffer<DK>(buf, gamma, acc);
+  fold_records_mma<DK>(acc, sh.keys, vals, dv, row0, staged);
+  __syncwarp();
+#pragma unroll
+  for (int c = 0; c < kMmaTiles / 2; ++c)
+#pragma unroll
+    for (int odd = 0; odd < 2; ++odd)
+      *reinterpret_cast<float4*>(buf + fold_slot(2 * t + odd) * KS + 4 * g + 32 * c) = fold_piece(acc, c, odd);
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float4 v = *reinterpret_cast<const float4*>(buf + fold_slot(j) * KS + 4 * lane);
+    x[j][0][0] = v.x, x[j][0][1] = v.y, x[j][0][2] = v.z, x[j][0][3] = v.w;
+  }
+}
+
+// 16 bytes global -> shared without registers (cp.async), zero-filled when !valid (src not read).
+__device__ __forceinline__ void copy_async16(float* dst, const float* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// Starts loading the warp's 8 rows of row group `group` of an FP32 checkpoint into its buffer.
+template <int DK>
+__device__ __forceinline__ void prefetch_fold_rows(const HeadView& view, int dv, int group, float* buf) {
+  constexpr int KS = flush_key_stride(DK);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const float* const base = reinterpret_cast<const float*>(view.payload);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int row = FlushRows<DK>::row(group, warp, j, lane);
+    const bool valid = row < dv;
+    copy_async16(buf + fold_slot(j) * KS + 4 * lane, base + static_cast<std::size_t>(valid ? row : 0) * DK + 4 * lane, valid);
+  }
+  copy_async_commit();
+}
+
+// The flush of the block's NH heads with the rows streamed (flush_rows_streamed): a warp's unit is one
+// row group of one head; the next unit's rows load (cp.async into the warp's buffer) while this
+// unit folds, writes its output and stores its rows, so a warp keeps 4 KB of loads in flight across
+// its compute instead of waiting at each head's load. The first unit's loads were issued before the
+// window was staged. Output and stores run in the mma layout.
+template <int DK>
+__device__ void flush_rows_pipelined(const ReplayArgs& A, const BlockGeometry& bg, const ReplayShared& sh, int staged) {
+  using FR = FlushRows<DK>;
+  constexpr int KS = flush_key_stride(DK);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, dv = bg.dv;
+  float* const buf = sh.fold + static_cast<std::size_t>(warp) * kFoldRows * KS;
+  const int groups = (dv + FR::kRowsPerGroup - 1) / FR::kRowsPerGroup, units = bg.NH * groups;
+  for (int u = 0; u < units; ++u) {
+    const int n = u / groups, group = u - n * groups;
+    const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
+    copy_async_wait_all();
+    __syncwarp();
+    float acc[kMmaTiles][4];
+    fold_accumulators_from_buffer<DK>(buf, sh.gamma[n], acc);
+    __syncwarp();  // every lane has read the buffer: the next unit may overwrite it
+    if (u + 1 < units) {
+      const int n1 = (u + 1) / groups;
+      prefetch_fold_rows<DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n1, dv, DK), dv,
+                             u + 1 - n1 * groups, buf);
+    }
+    const int row0 = FR::row(group, warp, 0, lane);
+    fold_records_mma<DK>(acc, sh.keys, sh.vals + static_cast<std::size_t>(n) * sh.stride * dv, dv, row0, staged);
+    // o = S q for rows 2t, 2t + 1: the lane's 16 columns, then the sum over the 8 lanes (g) of a row.
+    float o[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int c = 0; c < kMmaTiles / 2; ++c) {
+      const float4 q4 = *reinterpret_cast<const float4*>(sh.query + 4 * g + 32 * c);
+#pragma unroll
+      for (int odd = 0; odd < 2; ++odd) {
+        const float4 s4 = fold_piece(acc, c, odd);
+        o[odd] = fmaf(s4.w, q4.w, fmaf(s4.z, q4.z, fmaf(s4.y, q4.y, fmaf(s4.x, q4.x, o[odd]))));
+      }
+    }
+#pragma unroll
+    for (int mask = 4; mask < 32; mask *= 2)
+#pragma unroll
+      for (int odd = 0; odd < 2; ++odd) o[odd] += __shfl_xor_sync(kFullMask, o[odd], mask);
+    const HeadView view = head_view(A.recur, hb, dv, DK);
+#pragma unroll
+    for (int odd = 0; odd < 2; ++odd) {
+      const int row = row0 + 2 * t + odd;
+      if (row >= dv) continue;
+      if (g == 0) A.in.out[hb * dv + row] = o[odd];
+#pragma unroll
+      for (int c = 0; c < kMmaTiles / 2; ++c) {
+        const float4 s4 = fold_piece(acc, c, odd);
+        const float piece[4] = {s4.x, s4.y, s4.z, s4.w};
+        store_piece<StorageFormat::fp32, DK>(view, row, 4 * g + 32 * c, piece, formats::RoundingMode::nearest_even, 0, 0);
+      }
     }
   }
 }
@@ -87,7 +287,9 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
     int rows[G];
 #pragma unroll
     for (int j = 0; j < G; ++j) rows[j] = FR::row(group, warp, j, lane);
-    if (!recompute_u) {
+    if (!recompute_u && flush_fold_on_tensor_cores<K, RecurF, DK, kExtras>()) {
+      if constexpr (flush_fold_on_tensor_cores<K, RecurF, DK, kExtras>()) fold_window_mma<DK>(x, gamma, sh, vals, dv, rows[0], staged);
+    } else if (!recompute_u) {
 #pragma unroll
       for (int j = 0; j < G; ++j)
 #pragma unroll
@@ -100,7 +302,7 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
         float k[P][E];
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-          const float4 k4 = *reinterpret_cast<const float4*>(sh.keys + r * DK + FR::T::col(lane, p));
+          const float4 k4 = *reinterpret_cast<const float4*>(sh.keys + r * flush_key_stride(DK) + FR::T::col(lane, p));
           k[p][0] = k4.x, k[p][1] = k4.y, k[p][2] = k4.z, k[p][3] = k4.w;
         }
         float c[G];  // w_r v_r[row]
@@ -127,7 +329,7 @@ __device__ void replay_flush_head(const ReplayArgs& A, const BlockGeometry& bg, 
         float k[P][E];
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-          const float4 k4 = *reinterpret_cast<const float4*>(sh.keys + r * DK + FR::T::col(lane, p));
+          const float4 k4 = *reinterpret_cast<const float4*>(sh.keys + r * flush_key_stride(DK) + FR::T::col(lane, p));
           k[p][0] = k4.x, k[p][1] = k4.y, k[p][2] = k4.z, k[p][3] = k4.w;
         }
         float sk[G];
@@ -266,9 +468,22 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
   load_lane_vector<4, FR::P, FR::LPR>(k_t, lane, kv);
   load_lane_vector<4, FR::P, FR::LPR>(A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK, lane, qv);
   // The first head's first row group does not depend on the records: issue its loads first.
+  constexpr bool kStreamed = flush_rows_streamed<K, RecurF, DK, kExtras>();
+  const bool streamed = kStreamed && flush && !A.split;
   float x[FR::G][FR::P][4];
-  if (skipped(0) || !flush) zero_flush_rows<DK>(x);
-  else load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0, x);
+  if (streamed) {
+    if constexpr (kStreamed)
+      prefetch_fold_rows<DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0,
+                             sh.fold + static_cast<std::size_t>(threadIdx.x / 32) * kFoldRows * flush_key_stride(DK));
+  } else if (skipped(0) || !flush) {
+    zero_flush_rows<DK>(x);
+  } else {
+    load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0, x);
+  }
+  if (streamed && threadIdx.x < DK / 2) {
+    const __nv_bfloat16* q_t = A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
+    reinterpret_cast<float2*>(sh.query)[threadIdx.x] = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(q_t)[threadIdx.x]);
+  }
   // Stage the window once for the NH heads: keys, record vectors, decays and their weights.
   copy_unrolled<4>(
       staged * DK / 2,
@@ -277,12 +492,21 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
         const __nv_bfloat16* kp = p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK;
         return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kp + c));
       },
-      [&](int i, float2 x) { reinterpret_cast<float2*>(sh.keys)[i] = x; });
+      [&](int i, float2 x) {
+        const int p = 2 * i / DK, c = 2 * i % DK;
+        *reinterpret_cast<float2*>(sh.keys + p * flush_key_stride(DK) + c) = x;
+      });
   stage_decay_weights(A, bg, win, sh, h0, staged, K == ssm::Recurrence::gdn);
   __syncthreads();  // weights ready: the record vectors are staged as V'[p][r] = w_p v_p[r]
   stage_record_vectors<K, chunked_flush_records<K, DK, kExtras>()>(A, bg, win, sh.vals, sh.stride, h0, staged, recompute_u, recompute_u ? nullptr : sh.w,
                           skip_on ? sh.skip : nullptr);
   __syncthreads();
+  if constexpr (kStreamed) {
+    if (streamed) {
+      flush_rows_pipelined<DK>(A, bg, sh, staged);
+      return;
+    }
+  }
   for (int n = 0; n < bg.NH; ++n) {
     if (!flush && !skipped(n)) continue;  // the non-flush kernel serves this head
     if (n > 0) {

@@ -4,6 +4,7 @@
 // decode_verify_split.cu.
 #include "ssm/decode_common.cuh"
 #include "ssm/decode_kda.cuh"
+#include "ssm/mma_tf32.cuh"
 
 namespace replayssm::cuda {
 
@@ -71,20 +72,6 @@ __host__ __device__ inline std::size_t verify_shared_floats(int HM, int T, int D
          + 2 * static_cast<std::size_t>(NH) * T      // d_s, beta_s
          + 2 * static_cast<std::size_t>(NH) * dv * T   // S q_s, S k_s
          + static_cast<std::size_t>(NH) * (L + 1);      // flush weights and gamma per head
-}
-
-// Two-term TF32 operands for the verification stream's tensor-core products (below): tf32(x) rounds
-// to nearest (ties away), so x - tf32(x) is exact in fp32 and tf32(x) + tf32(x - tf32(x)) is x to 2^-22.
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-// d += A B for one m16n8k8 TF32 tile (A: the lane's four registers, row-major; B: its two, col-major).
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // The lane's 8 columns from `col` of rows a and b of an FP32 checkpoint (zeros for a row past the end).
