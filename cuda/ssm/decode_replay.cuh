@@ -59,7 +59,7 @@ inline ReplayArgs make_replay_args(const DecodeShape& shape, const StepInputs& i
 
 // Dynamic shared memory of a replay block. Non-flush blocks stage the NH heads' record vectors;
 // flush blocks also stage the window's keys (fp32), shared by the NH heads, and at dk = 128, in rows
-// padded by kKeyPad floats, a buffer of kFoldRows rows per warp plus the query, for the fold
+// padded by kKeyPad floats, a buffer of kFoldRows rows per warp plus q_t and k_t, for the fold
 // on the tensor cores (decode_replay_flush.cu): the buffer takes a warp's checkpoint rows (loaded
 // into it, or moved through it between the checkpoint layout and the mma layout). The pad keeps that
 // path's key fragments free of bank conflicts: at a record stride of 136 floats the four records a
@@ -71,7 +71,7 @@ __host__ __device__ constexpr bool flush_fold_buffer(int DK) { return DK == 128;
 // Other dk keep unpadded rows: no tensor-core path reads their keys.
 __host__ __device__ constexpr int flush_key_stride(int DK) { return DK + (flush_fold_buffer(DK) ? kKeyPad : 0); }
 __host__ __device__ constexpr std::size_t flush_fold_floats(int DK) {
-  return flush_fold_buffer(DK) ? static_cast<std::size_t>(kWarps) * kFoldRows * flush_key_stride(DK) + DK : 0;
+  return flush_fold_buffer(DK) ? static_cast<std::size_t>(kWarps) * kFoldRows * flush_key_stride(DK) + 2 * DK : 0;
 }
 
 struct ReplayShared {
@@ -79,7 +79,7 @@ struct ReplayShared {
   int key_stride;  // floats from one staged key to the next (flush)
   float* keys;     // [stride][key_stride] (flush only)
   float* fold;     // [kWarps][kFoldRows][key_stride] (flush at dk = 128)
-  float* query;    // [DK] q_t (flush at dk = 128)
+  float* query;    // [2][DK] q_t, k_t (flush at dk = 128)
   float* vals;     // [NH][stride][dv] record vectors (flush: pre-multiplied by w unless u is recomputed)
   float* a;        // [NH][stride] decays
   float* w;        // [NH][stride] decay weights prod_{l>p} a_l

@@ -76,11 +76,13 @@ constexpr bool flush_fold_on_tensor_cores() {
   return flush_fold_buffer(DK) && (K == ssm::Recurrence::mamba2 || kExtras);
 }
 
-// The plain Mamba-2 flush from an FP32 checkpoint without a read copy streams its rows through the
-// warp buffers with cp.async (flush_rows_pipelined); elsewhere the rows pass through registers.
+// The plain flush (Mamba-2, or GDN with its cached u) from an FP32 checkpoint streams its rows through
+// the warp buffers with cp.async (flush_rows_pipelined) when there is no read copy: a kernel instance
+// of its own (kStreamed), chosen at launch. Elsewhere the rows pass through registers. (In one
+// instance with both paths ptxas spilled 160-184 B.)
 template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras>
 constexpr bool flush_rows_streamed() {
-  return K == ssm::Recurrence::mamba2 && RecurF == StorageFormat::fp32 && flush_fold_buffer(DK) && !kExtras;
+  return RecurF == StorageFormat::fp32 && flush_fold_buffer(DK) && !kExtras;
 }
 
 constexpr int kMmaTiles = 8;  // m-tiles of dk = 128 columns
@@ -196,9 +198,11 @@ __device__ __forceinline__ void prefetch_fold_rows(const HeadView& view, int dv,
 // row group of one head; the next unit's rows load (cp.async into the warp's buffer) while this
 // unit folds, writes its output and stores its rows, so a warp keeps 4 KB of loads in flight across
 // its compute instead of waiting at each head's load. The first unit's loads were issued before the
-// window was staged. Output and stores run in the mma layout.
-template <int DK>
-__device__ void flush_rows_pipelined(const ReplayArgs& A, const BlockGeometry& bg, const ReplayShared& sh, int staged) {
+// window was staged. GDN's current token (a conventional step from S_{t-1}), the output and the
+// stores run in the mma layout; sh.query holds q_t and, for GDN, k_t.
+template <ssm::Recurrence K, int DK>
+__device__ void flush_rows_pipelined(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win, const ReplayShared& sh,
+                                     int staged) {
   using FR = FlushRows<DK>;
   constexpr int KS = flush_key_stride(DK);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, dv = bg.dv;
@@ -219,6 +223,44 @@ __device__ void flush_rows_pipelined(const ReplayArgs& A, const BlockGeometry& b
     }
     const int row0 = FR::row(group, warp, 0, lane);
     fold_records_mma<DK>(acc, sh.keys, sh.vals + static_cast<std::size_t>(n) * sh.stride * dv, dv, row0, staged);
+    if constexpr (K == ssm::Recurrence::gdn) {
+      // The current token: u = beta (v - a S k), S <- a S + u k^T, u kept in the ring (as replay_flush_head).
+      const float* const k_s = sh.query + DK;
+      float sk[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int c = 0; c < kMmaTiles / 2; ++c) {
+        const float4 k4 = *reinterpret_cast<const float4*>(k_s + 4 * g + 32 * c);
+#pragma unroll
+        for (int odd = 0; odd < 2; ++odd) {
+          const float4 s4 = fold_piece(acc, c, odd);
+          sk[odd] = fmaf(s4.w, k4.w, fmaf(s4.z, k4.z, fmaf(s4.y, k4.y, fmaf(s4.x, k4.x, sk[odd]))));
+        }
+      }
+#pragma unroll
+      for (int mask = 4; mask < 32; mask *= 2)
+#pragma unroll
+        for (int odd = 0; odd < 2; ++odd) sk[odd] += __shfl_xor_sync(kFullMask, sk[odd], mask);
+      const float a_t = A.in.alpha[hb], beta_t = A.in.beta[hb];
+      float u_row[2];
+#pragma unroll
+      for (int odd = 0; odd < 2; ++odd) {
+        const int row = row0 + 2 * t + odd;
+        const float vr = row < dv ? __bfloat162float(A.in.v[hb * dv + row]) : 0.0f;
+        u_row[odd] = beta_t * (vr - a_t * sk[odd]);
+        if (g == 0 && row < dv) A.rec.u[(ring_slot(A.rec, bg.b, win, win.h) * bg.H + bg.head0 + n) * dv + row] = u_row[odd];
+      }
+#pragma unroll
+      for (int c = 0; c < kMmaTiles / 2; ++c) {
+        const float4 k4 = *reinterpret_cast<const float4*>(k_s + 4 * g + 32 * c);
+        // acc[2c] holds columns +0, +1 of piece c, acc[2c + 1] columns +2, +3; index odd + 2 * (column parity).
+        const float kc[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc[2 * c + half][e] = fmaf(a_t, acc[2 * c + half][e], u_row[e % 2] * kc[2 * half + e / 2]);
+      }
+    }
     // o = S q for rows 2t, 2t + 1: the lane's 16 columns, then the sum over the 8 lanes (g) of a row.
     float o[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -445,7 +487,8 @@ constexpr bool chunked_flush_records() { return K == ssm::Recurrence::mamba2 && 
 
 // `flush`: the sequence's window is full (fold, output, write). Else (GDN with skip_read only) the
 // block serves the heads whose non-flush read is skipped, and returns at once if there are none.
-template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras>
+// kStreamed: the launcher chose flush_rows_pipelined (every block that gets here flushes, no read copy).
+template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras, bool kStreamed>
 __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win, const ReplayShared& sh,
                                    bool flush) {
   using FR = FlushRows<DK>;
@@ -468,21 +511,21 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
   load_lane_vector<4, FR::P, FR::LPR>(k_t, lane, kv);
   load_lane_vector<4, FR::P, FR::LPR>(A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK, lane, qv);
   // The first head's first row group does not depend on the records: issue its loads first.
-  constexpr bool kStreamed = flush_rows_streamed<K, RecurF, DK, kExtras>();
-  const bool streamed = kStreamed && flush && !A.split;
+  static_assert(!kStreamed || flush_rows_streamed<K, RecurF, DK, kExtras>(), "no streamed flush for this instance");
   float x[FR::G][FR::P][4];
-  if (streamed) {
-    if constexpr (kStreamed)
-      prefetch_fold_rows<DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0,
-                             sh.fold + static_cast<std::size_t>(threadIdx.x / 32) * kFoldRows * flush_key_stride(DK));
+  if constexpr (kStreamed) {
+    prefetch_fold_rows<DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0,
+                           sh.fold + static_cast<std::size_t>(threadIdx.x / 32) * kFoldRows * flush_key_stride(DK));
+    if (threadIdx.x < DK) {  // q_t, and k_t after it (GDN's current token)
+      const bool key = threadIdx.x >= DK / 2;
+      const int i = threadIdx.x % (DK / 2);
+      const __nv_bfloat16* v = (key ? A.in.k : A.in.q) + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
+      reinterpret_cast<float2*>(sh.query + (key ? DK : 0))[i] = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(v)[i]);
+    }
   } else if (skipped(0) || !flush) {
     zero_flush_rows<DK>(x);
   } else {
     load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0, x);
-  }
-  if (streamed && threadIdx.x < DK / 2) {
-    const __nv_bfloat16* q_t = A.in.q + (static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK;
-    reinterpret_cast<float2*>(sh.query)[threadIdx.x] = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(q_t)[threadIdx.x]);
   }
   // Stage the window once for the NH heads: keys, record vectors, decays and their weights.
   copy_unrolled<4>(
@@ -502,18 +545,16 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
                           skip_on ? sh.skip : nullptr);
   __syncthreads();
   if constexpr (kStreamed) {
-    if (streamed) {
-      flush_rows_pipelined<DK>(A, bg, sh, staged);
-      return;
+    flush_rows_pipelined<K, DK>(A, bg, win, sh, staged);
+  } else {
+    for (int n = 0; n < bg.NH; ++n) {
+      if (!flush && !skipped(n)) continue;  // the non-flush kernel serves this head
+      if (n > 0) {
+        if (skipped(n)) zero_flush_rows<DK>(x);
+        else load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n, dv, DK), dv, 0, x);
+      }
+      replay_flush_head<K, RecurF, DK, kExtras>(A, bg, n, win, sh, staged, kv, qv, x, skipped(n), flush);
     }
-  }
-  for (int n = 0; n < bg.NH; ++n) {
-    if (!flush && !skipped(n)) continue;  // the non-flush kernel serves this head
-    if (n > 0) {
-      if (skipped(n)) zero_flush_rows<DK>(x);
-      else load_flush_rows<RecurF, DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n, dv, DK), dv, 0, x);
-    }
-    replay_flush_head<K, RecurF, DK, kExtras>(A, bg, n, win, sh, staged, kv, qv, x, skipped(n), flush);
   }
 }
 
@@ -522,7 +563,8 @@ constexpr int flush_min_blocks() { return DK == 256 ? 2 : 3; }
 
 // kExtras: error feedback or appendix F skipping in use (a separate instantiation, so that the
 // plain kernel keeps its register allocation: measured with ptxas, one kernel for both spilled).
-template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras>
+// kStreamed: the plain flush with streamed rows (flush_rows_streamed), likewise an instance of its own.
+template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras, bool kStreamed = false>
 __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -552,7 +594,7 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
   if (flush || gdn_skipped_reads) {
     const ReplayShared sh = carve_shared(smem, A.stage, DK, bg.dv, bg.NH, true);
     if (flush) append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
-    replay_flush_block<K, RecurF, DK, kExtras>(A, bg, win, sh, flush);
+    replay_flush_block<K, RecurF, DK, kExtras, kStreamed>(A, bg, win, sh, flush);
   }
   step_block_done(A.rec, bg.b, A.step_blocks);  // this kernel's and the non-flush kernel's blocks
 }
@@ -569,8 +611,14 @@ void decode_detail::launch_replay_flush(ssm::Recurrence kind, StorageFormat recu
       auto launch = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, false, stream); };
       const bool extras = A.recur_ef || A.read.residual != nullptr || A.skip_read > 0.0f || A.skip_flush > 0.0f;
       if (recur == StorageFormat::fp32) {
-        if (extras) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), true>);
-        else launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false>);
+        if (extras) {
+          launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), true>);
+        } else if constexpr (flush_rows_streamed<K(), StorageFormat::fp32, DK(), false>()) {
+          if (!A.split) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false, true>);
+          else launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false>);
+        } else {
+          launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false>);
+        }
       } else if (recur == StorageFormat::fp16) {
         if (extras) launch(replay_flush_kernel<K(), StorageFormat::fp16, DK(), true>);
         else launch(replay_flush_kernel<K(), StorageFormat::fp16, DK(), false>);
