@@ -179,117 +179,155 @@ __device__ __forceinline__ void copy_async16(float* dst, const float* src, bool 
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-// Starts loading the warp's 8 rows of row group `group` of an FP32 checkpoint into its buffer.
+// Starts loading the warp's tile of 8 rows from `rows` (an FP32 checkpoint, dk columns per row) into its
+// buffer; rows at or past `valid` are zero-filled instead of read.
 template <int DK>
-__device__ __forceinline__ void prefetch_fold_rows(const HeadView& view, int dv, int group, float* buf) {
+__device__ __forceinline__ void prefetch_fold_tile(const float* rows, int valid, float* buf) {
   constexpr int KS = flush_key_stride(DK);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const float* const base = reinterpret_cast<const float*>(view.payload);
+  const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int row = FlushRows<DK>::row(group, warp, j, lane);
-    const bool valid = row < dv;
-    copy_async16(buf + fold_slot(j) * KS + 4 * lane, base + static_cast<std::size_t>(valid ? row : 0) * DK + 4 * lane, valid);
-  }
+  for (int j = 0; j < 8; ++j)
+    copy_async16(buf + fold_slot(j) * KS + 4 * lane, rows + static_cast<std::size_t>(j < valid ? j : 0) * DK + 4 * lane, j < valid);
   copy_async_commit();
 }
 
-// The flush of the block's NH heads with the rows streamed (flush_rows_streamed): a warp's unit is one
-// row group of one head; the next unit's rows load (cp.async into the warp's buffer) while this
-// unit folds, writes its output and stores its rows, so a warp keeps 4 KB of loads in flight across
-// its compute instead of waiting at each head's load. The first unit's loads were issued before the
-// window was staged. GDN's current token (a conventional step from S_{t-1}), the output and the
-// stores run in the mma layout; sh.query holds q_t and, for GDN, k_t.
+// The streamed flush's tiles (flush_rows_streamed): warp w's first tile, and the one after a tile.
+// Mamba-2 walks the block's heads' rows as one (NH dv) x dk matrix (they are adjacent in memory; the
+// launcher streams only when dv % 8 == 0, so no tile spans two heads): warp w takes rows 8w, 8w + 64,
+// ... At dv = 80 that is 4 tiles per warp where row groups per head took 6, half of them with 6 of 8
+// warps idle (Nano's flush step 581 -> 541 us, experiments/bench/decode_2026-12-04/call5_flush_mma/
+// call4_tiles/). GDN keeps row groups per head (group, head): with the same walk its streamed instance
+// spilled 32 B (12 B this way) and its flush step took 5% longer (dv = 128: the same tiles).
+struct FlushTile {
+  int n, row0;  // head, first row
+};
 template <ssm::Recurrence K, int DK>
-__device__ void flush_rows_pipelined(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win, const ReplayShared& sh,
-                                     int staged) {
-  using FR = FlushRows<DK>;
-  constexpr int KS = flush_key_stride(DK);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, dv = bg.dv;
-  float* const buf = sh.fold + static_cast<std::size_t>(warp) * kFoldRows * KS;
-  const int groups = (dv + FR::kRowsPerGroup - 1) / FR::kRowsPerGroup, units = bg.NH * groups;
-  for (int u = 0; u < units; ++u) {
-    const int n = u / groups, group = u - n * groups;
-    const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
-    copy_async_wait_all();
-    __syncwarp();
-    float acc[kMmaTiles][4];
-    fold_accumulators_from_buffer<DK>(buf, sh.gamma[n], acc);
-    __syncwarp();  // every lane has read the buffer: the next unit may overwrite it
-    if (u + 1 < units) {
-      const int n1 = (u + 1) / groups;
-      prefetch_fold_rows<DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n1, dv, DK), dv,
-                             u + 1 - n1 * groups, buf);
-    }
-    const int row0 = FR::row(group, warp, 0, lane);
-    fold_records_mma<DK>(acc, sh.keys, sh.vals + static_cast<std::size_t>(n) * sh.stride * dv, dv, row0, staged);
-    if constexpr (K == ssm::Recurrence::gdn) {
-      // The current token: u = beta (v - a S k), S <- a S + u k^T, u kept in the ring (as replay_flush_head).
-      const float* const k_s = sh.query + DK;
-      float sk[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int c = 0; c < kMmaTiles / 2; ++c) {
-        const float4 k4 = *reinterpret_cast<const float4*>(k_s + 4 * g + 32 * c);
-#pragma unroll
-        for (int odd = 0; odd < 2; ++odd) {
-          const float4 s4 = fold_piece(acc, c, odd);
-          sk[odd] = fmaf(s4.w, k4.w, fmaf(s4.z, k4.z, fmaf(s4.y, k4.y, fmaf(s4.x, k4.x, sk[odd]))));
-        }
-      }
-#pragma unroll
-      for (int mask = 4; mask < 32; mask *= 2)
-#pragma unroll
-        for (int odd = 0; odd < 2; ++odd) sk[odd] += __shfl_xor_sync(kFullMask, sk[odd], mask);
-      const float a_t = A.in.alpha[hb], beta_t = A.in.beta[hb];
-      float u_row[2];
-#pragma unroll
-      for (int odd = 0; odd < 2; ++odd) {
-        const int row = row0 + 2 * t + odd;
-        const float vr = row < dv ? __bfloat162float(A.in.v[hb * dv + row]) : 0.0f;
-        u_row[odd] = beta_t * (vr - a_t * sk[odd]);
-        if (g == 0 && row < dv) A.rec.u[(ring_slot(A.rec, bg.b, win, win.h) * bg.H + bg.head0 + n) * dv + row] = u_row[odd];
-      }
-#pragma unroll
-      for (int c = 0; c < kMmaTiles / 2; ++c) {
-        const float4 k4 = *reinterpret_cast<const float4*>(k_s + 4 * g + 32 * c);
-        // acc[2c] holds columns +0, +1 of piece c, acc[2c + 1] columns +2, +3; index odd + 2 * (column parity).
-        const float kc[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            acc[2 * c + half][e] = fmaf(a_t, acc[2 * c + half][e], u_row[e % 2] * kc[2 * half + e / 2]);
-      }
-    }
-    // o = S q for rows 2t, 2t + 1: the lane's 16 columns, then the sum over the 8 lanes (g) of a row.
-    float o[2] = {0.0f, 0.0f};
+__device__ __forceinline__ bool flush_tile_at(const BlockGeometry& bg, int i, FlushTile& tile) {
+  const int warp = threadIdx.x / 32, dv = bg.dv;
+  if constexpr (K == ssm::Recurrence::mamba2) {
+    const int tile0 = kFoldRows * (warp + kWarps * i);
+    tile.n = tile0 / dv;
+    tile.row0 = tile0 - tile.n * dv;
+    return tile0 < bg.NH * dv;
+  } else {
+    const int groups = (dv + FlushRows<DK>::kRowsPerGroup - 1) / FlushRows<DK>::kRowsPerGroup;
+    tile.n = i / groups;
+    tile.row0 = FlushRows<DK>::row(i - tile.n * groups, warp, 0, 0);
+    return i < bg.NH * groups;
+  }
+}
+// The rows of `tile` in the block's FP32 checkpoint and how many of them are rows of the head. (Taken
+// from the kernel parameters each time: a pointer kept live across the block cost ptxas spills.)
+template <int DK>
+__device__ __forceinline__ const float* flush_tile_rows(const ReplayArgs& A, const BlockGeometry& bg, const FlushTile& tile,
+                                                        int& valid) {
+  const int dv = bg.dv;
+  const float* const block_rows =
+      reinterpret_cast<const float*>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK).payload);
+  valid = max(0, min(kFoldRows, dv - tile.row0));
+  // A tile past the head's rows (GDN's row groups at dv % 64 != 0) reads nothing: any valid address.
+  return valid > 0 ? block_rows + (static_cast<std::size_t>(tile.n) * dv + tile.row0) * DK : block_rows;
+}
+
+// The warp's tile i of the streamed flush (rows row0 .. row0 + 7 of head n), already loading into its
+// buffer. Waits for it, starts loading tile i + 1, folds, then (GDN) the current token, the output and
+// the stores, in the mma layout (rows past dv: zero, not stored).
+template <ssm::Recurrence K, int DK>
+__device__ __forceinline__ void flush_tile(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
+                                           const ReplayShared& sh, float* buf, int i, int n,
+                                           int row0, int staged) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, dv = bg.dv;
+  const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
+  copy_async_wait_all();
+  __syncwarp();
+  float acc[kMmaTiles][4];
+  fold_accumulators_from_buffer<DK>(buf, sh.gamma[n], acc);
+  __syncwarp();  // every lane has read the buffer: the next tile may overwrite it
+  FlushTile next;
+  if (flush_tile_at<K, DK>(bg, i + 1, next)) {
+    int valid = 0;
+    const float* const rows = flush_tile_rows<DK>(A, bg, next, valid);
+    prefetch_fold_tile<DK>(rows, valid, buf);
+  }
+  fold_records_mma<DK>(acc, sh.keys, sh.vals + static_cast<std::size_t>(n) * sh.stride * dv, dv, row0, staged);
+  if constexpr (K == ssm::Recurrence::gdn) {
+    // The current token: u = beta (v - a S k), S <- a S + u k^T, u kept in the ring (as replay_flush_head).
+    const float* const k_s = sh.query + DK;
+    float sk[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int c = 0; c < kMmaTiles / 2; ++c) {
-      const float4 q4 = *reinterpret_cast<const float4*>(sh.query + 4 * g + 32 * c);
+      const float4 k4 = *reinterpret_cast<const float4*>(k_s + 4 * g + 32 * c);
 #pragma unroll
       for (int odd = 0; odd < 2; ++odd) {
         const float4 s4 = fold_piece(acc, c, odd);
-        o[odd] = fmaf(s4.w, q4.w, fmaf(s4.z, q4.z, fmaf(s4.y, q4.y, fmaf(s4.x, q4.x, o[odd]))));
+        sk[odd] = fmaf(s4.w, k4.w, fmaf(s4.z, k4.z, fmaf(s4.y, k4.y, fmaf(s4.x, k4.x, sk[odd]))));
       }
     }
 #pragma unroll
     for (int mask = 4; mask < 32; mask *= 2)
 #pragma unroll
-      for (int odd = 0; odd < 2; ++odd) o[odd] += __shfl_xor_sync(kFullMask, o[odd], mask);
-    const HeadView view = head_view(A.recur, hb, dv, DK);
+      for (int odd = 0; odd < 2; ++odd) sk[odd] += __shfl_xor_sync(kFullMask, sk[odd], mask);
+    const float a_t = A.in.alpha[hb], beta_t = A.in.beta[hb];
+    float u_row[2];
 #pragma unroll
     for (int odd = 0; odd < 2; ++odd) {
       const int row = row0 + 2 * t + odd;
-      if (row >= dv) continue;
-      if (g == 0) A.in.out[hb * dv + row] = o[odd];
+      const float vr = row < dv ? __bfloat162float(A.in.v[hb * dv + row]) : 0.0f;
+      u_row[odd] = beta_t * (vr - a_t * sk[odd]);
+      if (g == 0 && row < dv) A.rec.u[(ring_slot(A.rec, bg.b, win, win.h) * bg.H + bg.head0 + n) * dv + row] = u_row[odd];
+    }
 #pragma unroll
-      for (int c = 0; c < kMmaTiles / 2; ++c) {
-        const float4 s4 = fold_piece(acc, c, odd);
-        const float piece[4] = {s4.x, s4.y, s4.z, s4.w};
-        store_piece<StorageFormat::fp32, DK>(view, row, 4 * g + 32 * c, piece, formats::RoundingMode::nearest_even, 0, 0);
-      }
+    for (int c = 0; c < kMmaTiles / 2; ++c) {
+      const float4 k4 = *reinterpret_cast<const float4*>(k_s + 4 * g + 32 * c);
+      // acc[2c] holds columns +0, +1 of piece c, acc[2c + 1] columns +2, +3; index odd + 2 * (column parity).
+      const float kc[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          acc[2 * c + half][e] = fmaf(a_t, acc[2 * c + half][e], u_row[e % 2] * kc[2 * half + e / 2]);
     }
   }
+  // o = S q for rows 2t, 2t + 1: the lane's 16 columns, then the sum over the 8 lanes (g) of a row.
+  float o[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int c = 0; c < kMmaTiles / 2; ++c) {
+    const float4 q4 = *reinterpret_cast<const float4*>(sh.query + 4 * g + 32 * c);
+#pragma unroll
+    for (int odd = 0; odd < 2; ++odd) {
+      const float4 s4 = fold_piece(acc, c, odd);
+      o[odd] = fmaf(s4.w, q4.w, fmaf(s4.z, q4.z, fmaf(s4.y, q4.y, fmaf(s4.x, q4.x, o[odd]))));
+    }
+  }
+#pragma unroll
+  for (int mask = 4; mask < 32; mask *= 2)
+#pragma unroll
+    for (int odd = 0; odd < 2; ++odd) o[odd] += __shfl_xor_sync(kFullMask, o[odd], mask);
+  const HeadView view = head_view(A.recur, hb, dv, DK);
+#pragma unroll
+  for (int odd = 0; odd < 2; ++odd) {
+    const int row = row0 + 2 * t + odd;
+    if (row >= dv) continue;
+    if (g == 0) A.in.out[hb * dv + row] = o[odd];
+#pragma unroll
+    for (int c = 0; c < kMmaTiles / 2; ++c) {
+      const float4 s4 = fold_piece(acc, c, odd);
+      const float piece[4] = {s4.x, s4.y, s4.z, s4.w};
+      store_piece<StorageFormat::fp32, DK>(view, row, 4 * g + 32 * c, piece, formats::RoundingMode::nearest_even, 0, 0);
+    }
+  }
+}
+
+// The flush of the block's NH heads with the rows streamed: the next tile's rows load (cp.async into
+// the warp's buffer) while this one folds, writes its output and stores its rows, so a warp keeps 4 KB
+// of loads in flight across its compute instead of waiting at each head's load. The first tile's loads
+// were issued before the window was staged (replay_flush_block). sh.query holds q_t and, for GDN, k_t.
+template <ssm::Recurrence K, int DK>
+__device__ void flush_rows_pipelined(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win, const ReplayShared& sh,
+                                     int staged) {
+  float* const buf = sh.fold + static_cast<std::size_t>(threadIdx.x / 32) * kFoldRows * flush_key_stride(DK);
+  FlushTile tile;
+  for (int i = 0; flush_tile_at<K, DK>(bg, i, tile); ++i) flush_tile<K, DK>(A, bg, win, sh, buf, i, tile.n, tile.row0, staged);
 }
 
 // Flush of value head n of the block. Mamba-2 and shared GDN fold the staged records as a rank-
@@ -514,8 +552,12 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
   static_assert(!kStreamed || flush_rows_streamed<K, RecurF, DK, kExtras>(), "no streamed flush for this instance");
   float x[FR::G][FR::P][4];
   if constexpr (kStreamed) {
-    prefetch_fold_rows<DK>(head_view(A.recur, static_cast<std::size_t>(bg.b) * bg.H + bg.head0, dv, DK), dv, 0,
-                           sh.fold + static_cast<std::size_t>(threadIdx.x / 32) * kFoldRows * flush_key_stride(DK));
+    FlushTile first;
+    if (flush_tile_at<K, DK>(bg, 0, first)) {
+      int valid = 0;
+      const float* const rows = flush_tile_rows<DK>(A, bg, first, valid);
+      prefetch_fold_tile<DK>(rows, valid, sh.fold + static_cast<std::size_t>(threadIdx.x / 32) * kFoldRows * flush_key_stride(DK));
+    }
     if (threadIdx.x < DK) {  // q_t, and k_t after it (GDN's current token)
       const bool key = threadIdx.x >= DK / 2;
       const int i = threadIdx.x % (DK / 2);
@@ -614,7 +656,8 @@ void decode_detail::launch_replay_flush(ssm::Recurrence kind, StorageFormat recu
         if (extras) {
           launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), true>);
         } else if constexpr (flush_rows_streamed<K(), StorageFormat::fp32, DK(), false>()) {
-          if (!A.split) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false, true>);
+          // dv % 8: flush_rows_pipelined's 8-row tiles must not span two heads.
+          if (!A.split && A.shape.dv % kFoldRows == 0) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false, true>);
           else launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false>);
         } else {
           launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false>);
