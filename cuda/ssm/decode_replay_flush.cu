@@ -108,6 +108,26 @@ __device__ __forceinline__ float4 fold_piece(const float (&acc)[kMmaTiles][4], i
   return make_float4(acc[2 * c][odd], acc[2 * c][2 + odd], acc[2 * c + 1][odd], acc[2 * c + 1][2 + odd]);
 }
 
+// dot[odd] = row 2t + odd of the warp's tile (mma layout) times `vec` (dk floats in shared memory): the
+// lane's 16 columns, then the sum over the 8 lanes (g) that hold the row. Every lane gets both sums.
+__device__ __forceinline__ void fold_row_dots(const float (&acc)[kMmaTiles][4], const float* vec, float (&dot)[2]) {
+  const int g = threadIdx.x % 32 / 4;
+  dot[0] = dot[1] = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kMmaTiles / 2; ++c) {
+    const float4 v4 = *reinterpret_cast<const float4*>(vec + 4 * g + 32 * c);
+#pragma unroll
+    for (int odd = 0; odd < 2; ++odd) {
+      const float4 s4 = fold_piece(acc, c, odd);
+      dot[odd] = fmaf(s4.w, v4.w, fmaf(s4.z, v4.z, fmaf(s4.y, v4.y, fmaf(s4.x, v4.x, dot[odd]))));
+    }
+  }
+#pragma unroll
+  for (int mask = 4; mask < 32; mask *= 2)
+#pragma unroll
+    for (int odd = 0; odd < 2; ++odd) dot[odd] += __shfl_xor_sync(kFullMask, dot[odd], mask);
+}
+
 // acc += the staged records' rank-`staged` update for the warp's rows row0 .. row0 + 7 of one head
 // (`vals`: the head's V' = w_p v_p, [staged][dv]).
 template <int DK>
@@ -253,20 +273,8 @@ __device__ __forceinline__ void flush_tile(const ReplayArgs& A, const BlockGeome
   if constexpr (K == ssm::Recurrence::gdn) {
     // The current token: u = beta (v - a S k), S <- a S + u k^T, u kept in the ring (as replay_flush_head).
     const float* const k_s = sh.query + DK;
-    float sk[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int c = 0; c < kMmaTiles / 2; ++c) {
-      const float4 k4 = *reinterpret_cast<const float4*>(k_s + 4 * g + 32 * c);
-#pragma unroll
-      for (int odd = 0; odd < 2; ++odd) {
-        const float4 s4 = fold_piece(acc, c, odd);
-        sk[odd] = fmaf(s4.w, k4.w, fmaf(s4.z, k4.z, fmaf(s4.y, k4.y, fmaf(s4.x, k4.x, sk[odd]))));
-      }
-    }
-#pragma unroll
-    for (int mask = 4; mask < 32; mask *= 2)
-#pragma unroll
-      for (int odd = 0; odd < 2; ++odd) sk[odd] += __shfl_xor_sync(kFullMask, sk[odd], mask);
+    float sk[2];
+    fold_row_dots(acc, k_s, sk);
     const float a_t = A.in.alpha[hb], beta_t = A.in.beta[hb];
     float u_row[2];
 #pragma unroll
@@ -288,21 +296,8 @@ __device__ __forceinline__ void flush_tile(const ReplayArgs& A, const BlockGeome
           acc[2 * c + half][e] = fmaf(a_t, acc[2 * c + half][e], u_row[e % 2] * kc[2 * half + e / 2]);
     }
   }
-  // o = S q for rows 2t, 2t + 1: the lane's 16 columns, then the sum over the 8 lanes (g) of a row.
-  float o[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int c = 0; c < kMmaTiles / 2; ++c) {
-    const float4 q4 = *reinterpret_cast<const float4*>(sh.query + 4 * g + 32 * c);
-#pragma unroll
-    for (int odd = 0; odd < 2; ++odd) {
-      const float4 s4 = fold_piece(acc, c, odd);
-      o[odd] = fmaf(s4.w, q4.w, fmaf(s4.z, q4.z, fmaf(s4.y, q4.y, fmaf(s4.x, q4.x, o[odd]))));
-    }
-  }
-#pragma unroll
-  for (int mask = 4; mask < 32; mask *= 2)
-#pragma unroll
-    for (int odd = 0; odd < 2; ++odd) o[odd] += __shfl_xor_sync(kFullMask, o[odd], mask);
+  float o[2];  // o = S q
+  fold_row_dots(acc, sh.query, o);
   const HeadView view = head_view(A.recur, hb, dv, DK);
 #pragma unroll
   for (int odd = 0; odd < 2; ++odd) {
