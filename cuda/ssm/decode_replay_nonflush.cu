@@ -196,6 +196,12 @@ __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) rep
 
 void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat read, const ReplayArgs& A, dim3 grid,
                                            cudaStream_t stream) {
+  // step_block_done flips a sequence's window parity after step_blocks blocks: both kernels' blocks
+  // (replay_step sets it). Fewer would flip it before every block had read the window; 0 never flips it.
+  if (A.step_blocks <= grid.x)
+    throw std::logic_error("replay step: ReplayArgs::step_blocks = " + std::to_string(A.step_blocks) +
+                           " must count the blocks per sequence of both kernels (more than this grid's " +
+                           std::to_string(grid.x) + ")");
   const std::size_t smem = sizeof(float) * replay_shared_floats(A.window, A.shape.dk, A.shape.dv, A.heads_per_block, false);
   with_kind(kind, [&](auto K) {
     with_dk(A.shape.dk, [&](auto DK) {
