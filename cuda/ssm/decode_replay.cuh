@@ -91,12 +91,18 @@ struct ReplayShared {
   float* gamma;    // [NH]
   float* scratch;  // [kWarps]
   float* skip;     // [NH] appendix F: 1 when the head skips its checkpoint read this step, else 0
+  uint32_t* mma_b;  // [32][kMmaBStride] non-flush: each lane's B fragments of the tensor-core read (16-byte aligned)
 };
+
+// Row stride (words) of the tensor-core read's B table: 16 fragments per lane at dk = 128, padded so that
+// a quarter-warp's 16-byte loads fall in distinct banks.
+constexpr int kMmaBStride = 20;
+__host__ __device__ constexpr std::size_t mma_b_floats(bool flush) { return flush ? 0 : 32 * kMmaBStride + 4; }
 
 __host__ __device__ inline std::size_t replay_shared_floats(int L, int DK, int dv, int NH, bool flush) {
   return (flush ? static_cast<std::size_t>(L) * flush_key_stride(DK) + flush_fold_floats(DK) : 0) +
          static_cast<std::size_t>(NH) * L * dv + 3 * static_cast<std::size_t>(NH) * L + 2 * L + 2 * NH * dv + 2 * NH +
-         kWarps;
+         kWarps + mma_b_floats(flush);
 }
 
 __device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK, int dv, int NH, bool flush) {
@@ -117,6 +123,9 @@ __device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK,
   s.gamma = s.rows2 + NH * dv;
   s.scratch = s.gamma + NH;
   s.skip = s.scratch + kWarps;
+  // 16-byte aligned past skip (the base is; the +4 floats of mma_b_floats leave room).
+  const std::uintptr_t after = reinterpret_cast<std::uintptr_t>(s.skip + NH);
+  s.mma_b = flush ? nullptr : reinterpret_cast<uint32_t*>((after + 15) & ~static_cast<std::uintptr_t>(15));
   return s;
 }
 
@@ -297,9 +306,17 @@ __device__ __forceinline__ void append_record(const ReplayArgs& A, const BlockGe
   if (bg.vh0 == 0)
     for (int c = threadIdx.x; c < DK; c += kThreads)
       A.rec.k[(slot * bg.G + bg.g) * DK + c] = A.in.k[(static_cast<std::size_t>(bg.b) * bg.G + bg.g) * DK + c];
-  for (int idx = threadIdx.x; idx < bg.NH * bg.dv; idx += kThreads) {
-    const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + idx / bg.dv;
-    A.rec.v[(slot * bg.H + bg.head0) * bg.dv + idx] = A.in.v[hb * bg.dv + idx % bg.dv];
+  // The NH heads' values are one contiguous run in both the inputs and the ring slot: copied in 16-byte
+  // pieces where both ends allow (Nsight Compute, 2026-12-04: the per-element copy with its runtime
+  // division by dv was 4% of the non-flush read's instructions).
+  const int n = bg.NH * bg.dv;
+  const __nv_bfloat16* src = A.in.v + (static_cast<std::size_t>(bg.b) * bg.H + bg.head0) * bg.dv;
+  __nv_bfloat16* dst = A.rec.v + (slot * bg.H + bg.head0) * bg.dv;
+  if (n % 8 == 0 && reinterpret_cast<std::uintptr_t>(src) % 16 == 0 && reinterpret_cast<std::uintptr_t>(dst) % 16 == 0) {
+    for (int i = threadIdx.x; i < n / 8; i += kThreads)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  } else {
+    for (int i = threadIdx.x; i < n; i += kThreads) dst[i] = src[i];
   }
   if (threadIdx.x < bg.NH) {
     const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + threadIdx.x;

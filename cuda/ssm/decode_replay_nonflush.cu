@@ -1,6 +1,7 @@
 // ReplaySSM standard decode, the non-flush step: the output from the read checkpoint and the window's
 // records without materialising the state (OUTPUTONLY with T = 1; REPLAYSSM.md sections 2-3).
 #include "ssm/decode_replay.cuh"
+#include "ssm/mma_read.cuh"
 
 namespace replayssm::cuda {
 
@@ -34,6 +35,49 @@ __device__ __forceinline__ void load_checkpoint_batch(const HeadView rv, const f
   }
 }
 
+// Loads of one (tile, slab) unit of the tensor-core read (mma_read.cuh): the lane's pieces of rows g
+// and g + 8 of 16-row tile `local_tile` of this warp, columns slab * 4E + t * E; zeros for tiles past
+// the block's rows and for heads whose read is skipped (appendix F). Tiles never straddle heads (dv % 16 == 0).
+template <StorageFormat R, int DK>
+__device__ __forceinline__ MmaReadUnit load_mma_unit(const HeadView& rv, const float* tensor_scales, std::size_t hb0,
+                                                     const SmallDiv& head_of_row, int tiles, int local_tile, int slab,
+                                                     const float* skipped) {
+  constexpr int E = FormatTraits<R>::kElementsPerPiece;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int tile = local_tile * kWarps + warp, row0 = tile * 16;
+  MmaReadUnit u{};
+  u.tensor_scale = 1.0f;
+  bool valid = tile < tiles;
+  const int head = valid ? head_of_row(row0) : 0;
+  if (valid && skipped) valid = skipped[head] == 0.0f;
+  if (valid) {
+    const int col = slab * 4 * E + (lane % 4) * E, row = row0 + lane / 4;
+    u.row_g = load_raw_piece<R, DK>(rv, row, col);
+    u.row_g8 = load_raw_piece<R, DK>(rv, row + 8, col);
+    if constexpr (R == StorageFormat::nvfp4) u.tensor_scale = tensor_scales[hb0 + head];
+  }
+  return u;
+}
+
+// Record phase of the non-flush step: record vectors, decay weights, key products (c1_p = k_p . q_t;
+// GDN c2_p = k_p . k_t). Ends without a barrier: the checkpoint stream that follows does not read them.
+template <ssm::Recurrence K, int DK>
+__device__ __forceinline__ void nonflush_record_phase(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
+                                                      const ReplayShared& sh, int h0, int staged, const __nv_bfloat16* q_t,
+                                                      const __nv_bfloat16* k_t) {
+  const int lane = threadIdx.x % 32;
+  stage_record_vectors<K, true>(A, bg, win, sh.vals, sh.stride, h0, staged, false, nullptr);
+  stage_decay_weights(A, bg, win, sh, h0, staged, false);
+  using KT = Tile<StorageFormat::fp32, DK>;
+  float qf[KT::P][4], kf[KT::P][4];
+  load_lane_vector<4, KT::P, KT::LPR>(q_t, lane, qf);
+  load_lane_vector<4, KT::P, KT::LPR>(k_t, lane, kf);
+  key_products<DK, 1, K == ssm::Recurrence::gdn ? 2 : 1>(
+      staged,
+      [&](int p) { return p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK; }, &qf, &kf,
+      [&](int p, int i, float sum) { (i == 0 ? sh.c1 : sh.c2)[p] = sum; });
+}
+
 // Non-flush step of NH heads: output-only from the read checkpoint (LP when split, else the recur copy).
 //   Mamba-2: o = gamma (S q) + sum_{p<=h0} w_p (k_p . q) v_p
 //   GDN:     S_{t-1}k, S_{t-1}q from (S k, S q) and the cached u; u_t = b (v - a S_{t-1}k);
@@ -41,7 +85,9 @@ __device__ __forceinline__ void load_checkpoint_batch(const HeadView rv, const f
 // The checkpoint stream does not depend on the records, so its first batch of loads is issued
 // before the record phase and every later batch before the previous one is consumed: the DRAM
 // latency overlaps the record phase and the dot products (what a 2-7x smaller LP read needs).
-template <ssm::Recurrence K, StorageFormat R, int DK, bool kSkip>
+// kMma: the rows on the tensor cores (mma_read.cuh; NVFP4 reads at dk = 128 with dv % 16 == 0),
+// else on the CUDA cores in the Tile geometry of state_tiles.cuh.
+template <ssm::Recurrence K, StorageFormat R, int DK, bool kSkip, bool kMma>
 __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
                                       const ReplayShared& sh) {
   using T = Tile<R, DK>;
@@ -62,73 +108,112 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   const float* const tensor_scales = read_state.tensor_scales;
   const int rows_total = NH * dv;
   const SmallDiv head_of_row(dv);
-  const int iterations = (rows_total + kWarps * RW - 1) / (kWarps * RW);
-  auto row_of = [&](int it) { return (it * kWarps + warp) * RW + T::row_in_iteration(lane); };
   // Appendix F: the skip decisions come before the first load, so no skipped row is read.
   const bool skip_on = kSkip && A.skip_read > 0.0f;
   if (skip_on) stage_skip_flags(A, bg, win, sh, h0, A.skip_read);
   const float* const skipped = skip_on ? sh.skip : nullptr;
-  RawPiece raw[kBatch][P];
-  float tscale[kBatch];
-  load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, head_of_row, rows_total, iterations, 0, raw, tscale, skipped);
 
-  // Record phase: record vectors, decay weights, key products (c1_p = k_p . q_t; GDN c2_p = k_p . k_t).
-  stage_record_vectors<K, true>(A, bg, win, sh.vals, sh.stride, h0, staged, false, nullptr);
-  stage_decay_weights(A, bg, win, sh, h0, staged, false);
-  {
-    using KT = Tile<StorageFormat::fp32, DK>;
-    float qf[KT::P][4], kf[KT::P][4];
-    load_lane_vector<4, KT::P, KT::LPR>(q_t, lane, qf);
-    load_lane_vector<4, KT::P, KT::LPR>(k_t, lane, kf);
-    key_products<DK, 1, K == ssm::Recurrence::gdn ? 2 : 1>(
-        staged,
-        [&](int p) { return p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK; }, &qf, &kf,
-        [&](int p, int i, float sum) { (i == 0 ? sh.c1 : sh.c2)[p] = sum; });
-  }
-
-  // Stream the NH heads' read checkpoints: rows1 = S q (rows2 = S k).
-  float vecs[P][NV][E];  // lane slices of q (and k), piece-major as dot_raw_piece takes them
+  if constexpr (kMma) {
+    static_assert(mma_read_applies<R, DK>(), "the tensor-core read serves NVFP4 at dk = 128");
+    {
+      // Units (tile, slab): S slabs per 16-row tile (1 for NVFP4 at dk = 128), kUnits in flight; a loop
+      // iteration covers G tiles so that every slab and buffer index is a compile-time constant.
+      constexpr int S = DK / (4 * E), kUnits = 2, G = S >= kUnits ? 1 : kUnits / S, UI = G * S;
+      const int tiles = rows_total / 16;
+      const int my_tiles = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;
+      MmaReadUnit buf[kUnits];
 #pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int col = T::col(lane, p);
+      for (int j = 0; j < kUnits; ++j)
+        buf[j] = load_mma_unit<R, DK>(rv, tensor_scales, hb0, head_of_row, tiles, j / S, j % S, skipped);
+      // B (q, k as 16-bit operands) once per block into shared memory; read after the record phase's barrier.
+      const int sq = mma_vector_exponent<DK>(q_t), sk = NV == 2 ? mma_vector_exponent<DK>(k_t) : 0;
+      build_mma_b_table<DK>(q_t, NV == 2 ? k_t : nullptr, sq, sk, sh.mma_b);
+      nonflush_record_phase<K, DK>(A, bg, win, sh, h0, staged, q_t, k_t);
+      __syncthreads();
+      uint32_t b[DK / 8];
+      const float unscale = load_mma_b<DK>(sh.mma_b, sq, sk, b);
+      const int g = lane / 4, t = lane % 4;
+      for (int lt0 = 0; lt0 < my_tiles; lt0 += G) {
+        float d[G][4];
 #pragma unroll
-    for (int e = 0; e < E; e += 4) {
-      load_bf16x4(q_t + col + e, &vecs[p][0][e]);
-      if constexpr (K == ssm::Recurrence::gdn) load_bf16x4(k_t + col + e, &vecs[p][NV - 1][e]);
+        for (int j = 0; j < UI; ++j) {
+          const MmaReadUnit cur = buf[j % kUnits];
+          buf[j % kUnits] = load_mma_unit<R, DK>(rv, tensor_scales, hb0, head_of_row, tiles, lt0 + (j + kUnits) / S,
+                                                 (j + kUnits) % S, skipped);
+          const int s = j % S, gi = j / S;
+          if (s == 0) d[gi][0] = d[gi][1] = d[gi][2] = d[gi][3] = 0.0f;
+          uint32_t ag[E / 2], ag8[E / 2];
+          nvfp4_piece_pairs(cur.row_g, ag);
+          nvfp4_piece_pairs(cur.row_g8, ag8);
+#pragma unroll
+          for (int m = 0; m < E / 4; ++m)
+            mma_f16_16816(d[gi], ag[2 * m], ag8[2 * m], ag[2 * m + 1], ag8[2 * m + 1], b[s * (E / 2) + 2 * m],
+                          b[s * (E / 2) + 2 * m + 1]);
+          if (s == S - 1) {
+            const int tile = (lt0 + gi) * kWarps + warp;
+            if (tile < tiles && t < NV) {
+              const float f = unscale * cur.tensor_scale;
+              const float yg = (d[gi][0] + d[gi][1]) * f, yg8 = (d[gi][2] + d[gi][3]) * f;
+              float* out = t == 0 ? sh.rows1 : sh.rows2;
+              out[tile * 16 + g] = yg;
+              out[tile * 16 + g + 8] = yg8;
+            }
+          }
+        }
+      }
     }
   }
-  for (int it0 = 0; it0 < iterations; it0 += kBatch) {
-    RawPiece cur[kBatch][P];
-    float cur_scale[kBatch];
+  if constexpr (!kMma) {
+    const int iterations = (rows_total + kWarps * RW - 1) / (kWarps * RW);
+    auto row_of = [&](int it) { return (it * kWarps + warp) * RW + T::row_in_iteration(lane); };
+    RawPiece raw[kBatch][P];
+    float tscale[kBatch];
+    load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, head_of_row, rows_total, iterations, 0, raw, tscale, skipped);
+    nonflush_record_phase<K, DK>(A, bg, win, sh, h0, staged, q_t, k_t);
+    // Stream the NH heads' read checkpoints: rows1 = S q (rows2 = S k).
+    float vecs[P][NV][E];  // lane slices of q (and k), piece-major as dot_raw_piece takes them
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      cur_scale[j] = tscale[j];
+    for (int p = 0; p < P; ++p) {
+      const int col = T::col(lane, p);
 #pragma unroll
-      for (int p = 0; p < P; ++p) cur[j][p] = raw[j][p];
+      for (int e = 0; e < E; e += 4) {
+        load_bf16x4(q_t + col + e, &vecs[p][0][e]);
+        if constexpr (K == ssm::Recurrence::gdn) load_bf16x4(k_t + col + e, &vecs[p][NV - 1][e]);
+      }
     }
-    if (it0 + kBatch < iterations)
-      load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, head_of_row, rows_total, iterations, it0 + kBatch, raw, tscale, skipped);
-    constexpr int N = kBatch * NV;  // partial sums per lane, [j][v]
-    float acc[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j)
-#pragma unroll
-      for (int p = 0; p < P; ++p) dot_raw_piece<R, NV>(cur[j][p], cur_scale[j], vecs[p], &acc[j * NV]);
-    if constexpr (N <= LPR) {
-      const float sum = row_sum_scatter<LPR, N>(acc);
-      const int i = scatter_index<LPR, N>(lane), j = i / NV, v = i % NV;
-      const int row = row_of(it0 + j);
-      if (lane % (LPR / N) == 0 && it0 + j < iterations && row < rows_total) (v == 0 ? sh.rows1 : sh.rows2)[row] = sum;
-    } else {
+    for (int it0 = 0; it0 < iterations; it0 += kBatch) {
+      RawPiece cur[kBatch][P];
+      float cur_scale[kBatch];
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
-        const int row = row_of(it0 + j);
+        cur_scale[j] = tscale[j];
 #pragma unroll
-        for (int v = 0; v < NV; ++v) {
-          const float sum = row_sum<LPR>(acc[j * NV + v]);
-          if (lane % LPR == 0 && it0 + j < iterations && row < rows_total) (v == 0 ? sh.rows1 : sh.rows2)[row] = sum;
+        for (int p = 0; p < P; ++p) cur[j][p] = raw[j][p];
+      }
+      if (it0 + kBatch < iterations)
+        load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, head_of_row, rows_total, iterations, it0 + kBatch, raw, tscale, skipped);
+      constexpr int N = kBatch * NV;  // partial sums per lane, [j][v]
+      float acc[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+#pragma unroll
+        for (int p = 0; p < P; ++p) dot_raw_piece<R, NV>(cur[j][p], cur_scale[j], vecs[p], &acc[j * NV]);
+      if constexpr (N <= LPR) {
+        const float sum = row_sum_scatter<LPR, N>(acc);
+        const int i = scatter_index<LPR, N>(lane), j = i / NV, v = i % NV;
+        const int row = row_of(it0 + j);
+        if (lane % (LPR / N) == 0 && it0 + j < iterations && row < rows_total) (v == 0 ? sh.rows1 : sh.rows2)[row] = sum;
+      } else {
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int row = row_of(it0 + j);
+#pragma unroll
+          for (int v = 0; v < NV; ++v) {
+            const float sum = row_sum<LPR>(acc[j * NV + v]);
+            if (lane % LPR == 0 && it0 + j < iterations && row < rows_total) (v == 0 ? sh.rows1 : sh.rows2)[row] = sum;
+          }
         }
       }
     }
@@ -136,24 +221,34 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   float kq_t = 0.0f;
   if (K == ssm::Recurrence::gdn) kq_t = warp_dot_bf16<DK>(k_t, q_t, lane);
   __syncthreads();
+  // The fold's coefficients once per (head, position), not once per row: w_p c1_p in place of w_p and,
+  // for GDN, w_p c2_p in place of the decays (not read again). The same products, bit for bit.
+  for (int i = threadIdx.x; i < NH * staged; i += kThreads) {
+    const int n = i / staged, p = i - n * staged;
+    const float w = sh.w[n * L + p];
+    sh.w[n * L + p] = w * sh.c1[p];
+    if (K == ssm::Recurrence::gdn) sh.a[n * L + p] = w * sh.c2[p];
+  }
+  __syncthreads();
   // One thread per (head, row): fold the staged records.
   for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
     const int n = head_of_row(idx), r = idx - n * dv;
     const std::size_t hb = hb0 + n;
-    const float* vn = sh.vals + static_cast<std::size_t>(n) * L * dv;
-    const float* wn = sh.w + n * L;
+    const float* vn = sh.vals + static_cast<std::size_t>(n) * L * dv + r;
+    const float* c1n = sh.w + n * L;
     const float gamma = sh.gamma[n];
     const bool skip = skip_on && sh.skip[n] != 0.0f;
     if (K == ssm::Recurrence::mamba2) {
       float o = skip ? 0.0f : gamma * sh.rows1[idx];  // skipped: REPLAY(0, B[1:h+1]) q
-      for (int p = 0; p < staged; ++p) o = fmaf(wn[p] * sh.c1[p], vn[p * dv + r], o);
+      for (int p = 0; p < staged; ++p) o = fmaf(c1n[p], vn[p * dv], o);
       A.in.out[hb * dv + r] = o;
     } else if (!skip) {  // a skipped GDN head recomputes every u from zero: the flush kernel serves it
+      const float* c2n = sh.a + n * L;
       float sq = gamma * sh.rows1[idx], sk = gamma * sh.rows2[idx];
       for (int p = 0; p < staged; ++p) {
-        const float up = vn[p * dv + r];
-        sq = fmaf(wn[p] * sh.c1[p], up, sq);
-        sk = fmaf(wn[p] * sh.c2[p], up, sk);
+        const float up = vn[p * dv];
+        sq = fmaf(c1n[p], up, sq);
+        sk = fmaf(c2n[p], up, sk);
       }
       const float a_t = A.in.alpha[hb];
       const float u = A.in.beta[hb] * (__bfloat162float(A.in.v[hb * dv + r]) - a_t * sk);
@@ -173,21 +268,24 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
 // the chunked record staging): the plain Mamba-2 instances spill at fp8b128/dk 128 (24 B) and fp32/dk 256
 // (24 B), GDN at nvfp4 (4 B), and several kSkip instances 4-104 B. Nsight Compute shows the low-precision reads issue-bound, not
 // spill-bound (experiments/bench/decode_2026-12-04/README.md), so the bounds were left as they are.
-template <ssm::Recurrence K, StorageFormat R, int DK>
+template <ssm::Recurrence K, StorageFormat R, int DK, bool kMma>
 constexpr int nonflush_min_blocks() {
+  // The tensor-core read (NVFP4): 16 B-fragment registers, 2 tiles of loads and accumulators per lane;
+  // ptxas -v, sm_90: no spills at 3 blocks per SM (120 B at 4, Mamba-2).
+  if (kMma) return 3;
   if (DK == 256 || R == StorageFormat::nvfp4) return K == ssm::Recurrence::gdn ? 2 : 3;
   return K == ssm::Recurrence::gdn && R == StorageFormat::fp8b128 ? 3 : 4;
 }
 // kSkip: appendix F skipping in use (its own instantiation, so the plain kernel keeps its registers).
-template <ssm::Recurrence K, StorageFormat R, int DK, bool kSkip>
-__global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK>()) replay_nonflush_kernel(ReplayArgs A) {
+template <ssm::Recurrence K, StorageFormat R, int DK, bool kSkip, bool kMma>
+__global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK, kMma>()) replay_nonflush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const WindowState win = current_window(A.rec, bg.b);
   if (win.h + 1 < A.window) {  // else the flush kernel's sequence
     const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false);
     append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
-    replay_nonflush_block<K, R, DK, kSkip>(A, bg, win, sh);
+    replay_nonflush_block<K, R, DK, kSkip, kMma>(A, bg, win, sh);
   }
   step_block_done(A.rec, bg.b, A.step_blocks);  // this kernel's and the flush kernel's blocks
 }
@@ -207,9 +305,15 @@ void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat r
     with_dk(A.shape.dk, [&](auto DK) {
       // The skipping instantiation only when skipping is on (kSkip: see replay_nonflush_kernel).
       auto launch = [&](auto R) {
-        // A programmatic dependent launch of the flush kernel (decode_replay.cu says why).
-        if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true>, A, grid, smem, true, stream);
-        else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false>, A, grid, smem, true, stream);
+        // A programmatic dependent launch of the flush kernel (decode_replay.cu says why). The tensor-core
+        // read where it applies (16-row tiles must not straddle heads: dv % 16 == 0).
+        auto with_skip = [&](auto kMma) {
+          if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true, kMma()>, A, grid, smem, true, stream);
+          else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false, kMma()>, A, grid, smem, true, stream);
+        };
+        if constexpr (mma_read_applies<R(), DK()>())
+          if (A.shape.dv % 16 == 0) return with_skip(std::true_type{});
+        with_skip(std::false_type{});
       };
       using SF = StorageFormat;
       switch (read) {

@@ -357,15 +357,19 @@ TEST_CASE("ReplaySSM decode kernels with error feedback and appendix F skipping 
 // FP32 states are identical, and the stored fp16+SR copies (and the RTN read copies) must be too:
 // the same Philox words (ssm::sr_stream numbering) decide every rounding. The CPU decoders with RTN
 // in place of SR must differ somewhere, or the inputs never exercised a rounding.
+// The fp32-recurrence splits ride along: on these windows their HP checkpoints, and so their LP copies,
+// are the CPU's bit for bit, which makes the LP reads' outputs (the tensor-core read at dk = 128,
+// mma_read.cuh) comparable at the FP32 tolerance.
 TEST_CASE("stochastically rounded checkpoints equal the CPU decoders' bit for bit on exactly representable windows") {
   int n = 0;
   for (const Case& c : cases()) {
     for (const char* policy_text : {"shared:fp16+sr@16", "split:fp8b128/fp16+sr@4", "split:bf16/fp16+sr@8",
-                                    "split:fp16/fp16+sr@16"}) {
+                                    "split:fp16/fp16+sr@16", "split:nvfp4/fp32@8", "split:fp8b128/fp32@16"}) {
       const DecodeShape& s = c.shape;
       const auto policy = ssm::PrecisionPolicy::parse(policy_text);
       if (policy.read.format == StorageFormat::fp8b128 && s.dk % 128) continue;
       const bool split = policy.scheme == ssm::DecodeScheme::split;
+      const bool sr = policy.recur.rounding == formats::Rounding::sr;
       auto rtn_policy = policy;
       rtn_policy.recur.rounding = formats::Rounding::rtn;
       const int L = policy.window;
@@ -385,7 +389,10 @@ TEST_CASE("stochastically rounded checkpoints equal the CPU decoders' bit for bi
       // Keys on 8 columns only: each state element then sums several values, which needs more than
       // fp16's 11 bits, so every case exercises rounding (with keys over all dk columns a short L = 4
       // run left some cases with no element that needed rounding: SR equalled RTN, 2026-12-03).
-      boost::random::uniform_int_distribution<int> mantissa(128, 255), exponent(-10, -5), column(0, 7), sign(0, 1);
+      // The fp32-recurrence splits need no rounding in the recurrence: their keys cover all dk columns, so
+      // the LP reads see every column.
+      boost::random::uniform_int_distribution<int> mantissa(128, 255), exponent(-10, -5), column(0, sr ? 7 : s.dk - 1),
+          sign(0, 1);
       boost::random::normal_distribution<float> normal(0.0f, 1.0f);
       Collected meter;
       const int steps = 3 * L + 5;
@@ -430,6 +437,11 @@ TEST_CASE("stochastically rounded checkpoints equal the CPU decoders' bit for bi
           if (!q.block_scales.empty())
             std::copy_n(lp.scales.begin() + static_cast<std::ptrdiff_t>(head * q.block_scales.size()), q.block_scales.size(),
                         q.block_scales.begin());
+          if (!q.block_scale_codes.empty()) {  // nvfp4: E4M3 block-scale codes and the head's tensor scale
+            std::copy_n(lp.codes.begin() + static_cast<std::ptrdiff_t>(head * q.block_scale_codes.size()),
+                        q.block_scale_codes.size(), q.block_scale_codes.begin());
+            q.tensor_scale = lp.tensor[head];
+          }
           formats::dequantize_matrix(q, &read_values[head * s.head_elements()]);
         }
       }
@@ -449,7 +461,9 @@ TEST_CASE("stochastically rounded checkpoints equal the CPU decoders' bit for bi
             for (int r = 0; r < s.dv; ++r)
               for (int col = 0; col < s.dk; ++col) {
                 const std::size_t at = head * s.head_elements() + static_cast<std::size_t>(r) * s.dk + col;
-                const float gpu = formats::decode_element(formats::ElementFormat::fp16, recur_codes[at]);
+                float gpu;
+                if (sr) gpu = formats::decode_element(formats::ElementFormat::fp16, recur_codes[at]);
+                else std::memcpy(&gpu, recur_bytes.data() + at * sizeof(float), sizeof(float));
                 ++compared;
                 recur_diff += std::memcmp(&gpu, &S(r, col), sizeof(float)) != 0;
                 sr_vs_rtn += S(r, col) != S_rtn(r, col);
@@ -466,7 +480,7 @@ TEST_CASE("stochastically rounded checkpoints equal the CPU decoders' bit for bi
                   c.heads_per_block, recur_diff, compared, read_diff, sr_vs_rtn, close.max_excess);
       CHECK(recur_diff == 0);
       CHECK(read_diff == 0);
-      CHECK(sr_vs_rtn > 0);  // the inputs did exercise stochastic rounding
+      if (sr) CHECK(sr_vs_rtn > 0);  // the inputs did exercise stochastic rounding
       CHECK_CLOSE(close);
       ++n;
     }

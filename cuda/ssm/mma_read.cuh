@@ -1,0 +1,169 @@
+// The NVFP4 checkpoint read on the tensor cores: S q (and, for GDN, S k) of an NVFP4 read copy as m16n8k16
+// products, for the non-flush step (decode_replay_nonflush.cu).
+//
+// Why: on the CUDA cores every element costs a conversion to fp32 and a fused multiply-add, so the
+// NVFP4 read ran issue-bound, not at its byte count (Nsight Compute, 2026-12-04,
+// experiments/bench/decode_2026-12-04/README.md section 2). Here the decode yields f16 operands at 1
+// conversion per 2 elements, and one mma instruction takes 8 elements of two rows. The same walk for
+// FP16 / FP8-b128 reads was measured slower on the H200 (2026-12-04, B = 256: FP16 1.10-1.35x, FP8
+// 1.02-1.04x the CUDA-core read's time): with 16-byte pieces of rows g and g + 8 per unit it keeps fewer
+// loads in flight than the CUDA-core walk, and those reads are not issue-bound enough to gain
+// (experiments/bench/decode_2026-12-04/session11/). So only NVFP4 takes it.
+//
+// Exactness. A (16 rows x 16 k) holds E2M1 x E4M3 block scale, exact in f16 (<= 6 significant bits,
+// 2^-10 .. 2688). B holds each vector times 2^s (s from its largest magnitude, so that it lies in
+// [2^14, 2^15)) split in two f16 columns, hi = f16(x 2^s) and lo = f16(x 2^s - hi): bf16 values need 8
+// significant bits, so hi alone is exact for every element down to 2^-29 of the largest and hi + lo to
+// 2^-39 of it (what lies below contributes less than 2^-39 of the largest term, far under fp32
+// rounding). Each product is exact in fp32; the sums are fp32 in another order than the CPU's, as in
+// every kernel here. The fp32 factors 2^-s and the tensor scale multiply the row sums.
+//
+// Layout (PTX ISA, "Matrix Fragments for mma.m16n8k16", g = lane / 4, t = lane % 4):
+//   A: a0a1 = (g, 2t..2t+1), a2a3 = (g + 8, 2t..), a4a5 = (g, 2t + 8..), a6a7 = (g + 8, 2t + 8..)
+//   B: b0b1 = (2t..2t+1, g), b2b3 = (2t + 8.., g);  D: d0d1 = (g, 2t..2t+1), d2d3 = (g + 8, 2t..)
+// The order of k inside a product is free as long as A and B agree, so each lane feeds its own 16-byte
+// pieces (rows g and g + 8 of a 16-row tile, columns slab * 4E + t * E .. + E) in the order its decode
+// produces them, and holds B for exactly those columns. B's columns: 0 = q hi, 1 = q lo, 2 = k hi,
+// 3 = k lo (GDN), 4..7 zero. So lane t = 0 ends with (S q)[g], (S q)[g + 8] as d0 + d1, d2 + d3, and
+// lane t = 1 the same for S k: no shuffles.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "ssm/decode_replay.cuh"
+#include "ssm/state_tiles.cuh"
+
+namespace replayssm::cuda::decode_detail {
+
+using formats::StorageFormat;
+using namespace detail;
+
+// The format and head dimension the tensor-core read serves (dv % 16 == 0 is checked at run time).
+template <StorageFormat R, int DK>
+__host__ __device__ constexpr bool mma_read_applies() {
+  return DK == 128 && R == StorageFormat::nvfp4;
+}
+
+// d += A B, m16n8k16, f16 operands, fp32 accumulators.
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                              uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Element (within its 32-element piece) of half `half` of the piece's decoded pair `pair`: the decode
+// yields per 32-bit word the pairs (0, 2), (1, 3), (4, 6), (5, 7) (e2m1x8_to_half2_scaled).
+__device__ __forceinline__ constexpr int piece_element(int pair, int half) {
+  return 8 * (pair / 4) + (pair % 2) + 4 * ((pair % 4) / 2) + 2 * half;
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_to_half2_bits(uint32_t two_codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// Eight E2M1 codes as four f16x2 pairs of the values times 2^-6 (the E4M3 re-coding of
+// e2m1x8_to_float_scaled in state_tiles.cuh), in the order piece_element<nvfp4> names.
+__device__ __forceinline__ void e2m1x8_to_half2_scaled(uint32_t word, uint32_t* out) {
+  const uint32_t even = ((word << 4) & 0x80808080u) | ((word << 2) & 0x1C1C1C1Cu);  // elements 0, 2, 4, 6
+  const uint32_t odd = (word & 0x80808080u) | ((word >> 2) & 0x1C1C1C1Cu);         // elements 1, 3, 5, 7
+  out[0] = e4m3x2_to_half2_bits(even), out[1] = e4m3x2_to_half2_bits(odd);
+  out[2] = e4m3x2_to_half2_bits(even >> 16), out[3] = e4m3x2_to_half2_bits(odd >> 16);
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t x, __half2 s) {
+  __half2 h = *reinterpret_cast<const __half2*>(&x);
+  h = __hmul2(h, s);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// A loaded NVFP4 piece (32 elements, two 16-element blocks: words 0-1 and 2-3) as the 16 f16 pairs A
+// takes. The block scale times 2^6 (exact in f16, <= 448 * 64) undoes the decode's 2^-6: each value is
+// e2m1 x block scale, exact.
+__device__ __forceinline__ void nvfp4_piece_pairs(const RawPiece& r, uint32_t (&pairs)[16]) {
+  const uint32_t w[4] = {r.bits.x, r.bits.y, r.bits.z, r.bits.w};
+#pragma unroll
+  for (int blk = 0; blk < 2; ++blk) {
+    const uint32_t code = (r.aux >> (8 * blk)) & 0xFFu;
+    const __half_raw sr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+    __half s = __hmul(*reinterpret_cast<const __half*>(&sr), __float2half_rn(64.0f));
+    if (code == formats::kE4m3NanCode) s = __ushort_as_half(0x7E00u);  // as formats::nvfp4_decode_element
+    const __half2 s2 = __half2half2(s);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      uint32_t* out = &pairs[8 * blk + 4 * j];
+      e2m1x8_to_half2_scaled(w[2 * blk + j], out);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) out[i] = hmul2_bits(out[i], s2);
+    }
+  }
+}
+
+// 2^s for a bf16 vector of length DK (whole warp; every lane gets it): its largest magnitude times 2^s
+// lies in [2^14, 2^15). Zero or infinite vectors keep s = 0 (fmaxf skips NaNs; NaN and Inf reach the
+// sums as they should). Returns s.
+template <int DK>
+__device__ __forceinline__ int mma_vector_exponent(const __nv_bfloat16* v) {
+  const int lane = threadIdx.x % 32;
+  float amax = 0.0f;
+#pragma unroll
+  for (int c = 4 * lane; c < DK; c += 128) {
+    float x[4];
+    load_bf16x4(v + c, x);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
+  if (!(amax > 0.0f && amax < INFINITY)) return 0;
+  return max(-126, min(126, 14 - (((__float_as_int(amax) >> 23) & 0xFF) - 127)));
+}
+__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }  // |e| <= 126
+
+// The B fragments of every lane, for every product of a row (DK / 16 products, 2 registers each: entry
+// 2m, 2m + 1 of product m), written to table[lane][kMmaBStride] by the whole block (no barrier here: the
+// caller syncs before load_mma_b). Built once per block rather than by every warp (Nsight Compute,
+// 2026-12-04: per warp it took ~300 of a block's ~1,900 instructions per warp). `k` may be nullptr
+// (Mamba-2: columns 2, 3 zero); lanes g >= 4 hold zeros. `sq`, `sk`: the vectors' exponents
+// (mma_vector_exponent).
+template <int DK>
+__device__ __forceinline__ void build_mma_b_table(const __nv_bfloat16* q, const __nv_bfloat16* k, int sq, int sk,
+                                                  uint32_t* table) {
+  constexpr int E = FormatTraits<StorageFormat::nvfp4>::kElementsPerPiece, kPerLane = DK / 8;
+  for (int e = threadIdx.x; e < 32 * kPerLane; e += kThreads) {
+    const int lane = e / kPerLane, P = e % kPerLane, g = lane / 4, t = lane % 4;
+    const __nv_bfloat16* vec = g < 2 ? q : g < 4 ? k : nullptr;
+    const int s = P / (E / 2), i = P % (E / 2), col = s * 4 * E + t * E;
+    const float x0 = vec ? __bfloat162float(vec[col + piece_element(i, 0)]) : 0.0f;
+    const float x1 = vec ? __bfloat162float(vec[col + piece_element(i, 1)]) : 0.0f;
+    const float scale = pow2(g < 2 ? sq : sk);
+    const float y0 = x0 * scale, y1 = x1 * scale;
+    const __half2 hi = __floats2half2_rn(y0, y1);
+    const __half2 h = g % 2 == 1 ? __floats2half2_rn(y0 - __low2float(hi), y1 - __high2float(hi)) : hi;
+    table[lane * kMmaBStride + P] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+// The lane's row of the table, and the factor its d0 + d1, d2 + d3 sums take: D column 2t holds the
+// vector of lanes g = 2t (t = 0: q, t = 1: k), scaled by 2^s.
+template <int DK>
+__device__ __forceinline__ float load_mma_b(const uint32_t* table, int sq, int sk, uint32_t (&b)[DK / 8]) {
+  static_assert(DK / 8 <= kMmaBStride && DK % 32 == 0, "B table row");
+  const int lane = threadIdx.x % 32, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < DK / 8; i += 4) {
+    const uint4 v = *reinterpret_cast<const uint4*>(table + lane * kMmaBStride + i);
+    b[i] = v.x, b[i + 1] = v.y, b[i + 2] = v.z, b[i + 3] = v.w;
+  }
+  return pow2(t == 0 ? -sq : -sk);
+}
+
+// One (tile, slab) unit's loads: the lane's pieces of rows g and g + 8, and the tile's NVFP4 tensor scale.
+struct MmaReadUnit {
+  RawPiece row_g, row_g8;
+  float tensor_scale;
+};
+
+}  // namespace replayssm::cuda::decode_detail
