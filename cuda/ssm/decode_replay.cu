@@ -78,9 +78,9 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // The non-flush kernel gets wider blocks, up to kMaxNonflushRows (head, row) pairs: its per-block work
   // (geometry, key products, decay weights, the B table of the tensor-core read) is then shared by more
   // rows. Measured on the H200 (2026-12-04, Nemotron-3-Super, B = 256, L = 16, 8 against 4 heads per
-  // block): the NVFP4 / FP8 / FP16 reads 1.19x / 1.21x / 1.10x faster, the FP32 read 1.01x; 16 heads
-  // (1,024 rows) made the FP32 read 1.10x slower (experiments/bench/decode_2026-12-04/session11/). Only
-  // while the grid keeps 2 blocks per SM and 3 blocks fit one SM's shared memory.
+  // block, 75f8378's kernels): the NVFP4 / FP8 / FP16 reads 1.21x / 1.15x / 1.10x faster, the FP32 read
+  // 1% slower; 16 heads (1,024 rows) made the FP32 read 1.14x slower (experiments/bench/decode_2026-12-04/
+  // session11/). Only while the grid keeps 2 blocks per SM and 3 blocks fit one SM's shared memory.
   const int NH_read = config.heads_per_block > 0 ? NH : nonflush_heads_per_block(shape, config.window, NH);
   ReplayArgs A = make_replay_args(shape, in, config, records, NH_read, stage);
   const dim3 grid(shape.value_heads / NH_read, shape.batch), flush_grid(shape.value_heads / NH_flush, shape.batch);
