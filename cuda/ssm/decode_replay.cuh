@@ -25,6 +25,7 @@ struct ReplayArgs {
   int heads_per_block;  // NH of the kernel launched with these arguments (the two kernels may differ)
   int stage;            // positions a flush may stage: L, or max(L, T) + 1 when the ring serves verification
   unsigned step_blocks = 0;  // blocks of one sequence in both kernels together (step_block_done)
+  ReplayConfig::ReadPath nvfp4_read_path = ReplayConfig::ReadPath::automatic;
   // Error feedback (+ef): the recur copy's writes add recur.residual (fp16 recur copy); the read
   // copy's do when read.residual is set. recur_mode is then nearest_even.
   bool recur_ef = false;
@@ -54,6 +55,7 @@ inline ReplayArgs make_replay_args(const DecodeShape& shape, const StepInputs& i
   A.recur_ef = config.recur_rounding == formats::Rounding::ef;
   A.skip_read = config.skip_threshold_read;
   A.skip_flush = config.skip_threshold_flush;
+  A.nvfp4_read_path = config.nvfp4_read_path;
   return A;
 }
 
@@ -325,6 +327,14 @@ __device__ __forceinline__ void append_record(const ReplayArgs& A, const BlockGe
   }
 }
 
+
+// Non-flush grids of at least this many blocks per SM take the wide blocks (decode_replay.cu) and, with
+// ReplayConfig::ReadPath::automatic, the tensor-core NVFP4 read (decode_replay_nonflush.cu). Smaller
+// grids are latency-bound: there the wide blocks made the staggered step slower (H200, 2026-12-04,
+// Qwen3.5-122B at B = 32, 512 blocks: 57.5 us against 52.7 us with 2 heads per block; call 6 of
+// experiments/bench/decode_2026-12-04/session11/), and the tensor-core read's B table adds a barrier
+// per block that few blocks cannot hide.
+constexpr int kLargeGridBlocksPerSm = 4;
 
 // Launches one replay kernel over `grid` with `smem` bytes of dynamic shared memory; `programmatic`:
 // as a programmatic dependent launch of the kernel before it in the stream.

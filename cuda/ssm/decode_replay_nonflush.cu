@@ -306,13 +306,17 @@ void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat r
       // The skipping instantiation only when skipping is on (kSkip: see replay_nonflush_kernel).
       auto launch = [&](auto R) {
         // A programmatic dependent launch of the flush kernel (decode_replay.cu says why). The tensor-core
-        // read where it applies (16-row tiles must not straddle heads: dv % 16 == 0).
+        // read where it applies (16-row tiles must not straddle heads: dv % 16 == 0) on large grids.
         auto with_skip = [&](auto kMma) {
           if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true, kMma()>, A, grid, smem, true, stream);
           else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false, kMma()>, A, grid, smem, true, stream);
         };
-        if constexpr (mma_read_applies<R(), DK()>())
-          if (A.shape.dv % 16 == 0) return with_skip(std::true_type{});
+        if constexpr (mma_read_applies<R(), DK()>()) {
+          using Path = ReplayConfig::ReadPath;
+          const bool large = static_cast<long>(grid.x) * grid.y >= static_cast<long>(kLargeGridBlocksPerSm) * sm_count();
+          if (A.shape.dv % 16 == 0 && (A.nvfp4_read_path == Path::tensor_cores || (A.nvfp4_read_path == Path::automatic && large)))
+            return with_skip(std::true_type{});
+        }
         with_skip(std::false_type{});
       };
       using SF = StorageFormat;

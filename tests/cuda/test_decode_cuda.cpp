@@ -49,6 +49,9 @@ struct Case {
   DecodeShape shape;
   bool slow_decay;
   int heads_per_block;  // replay/verify blocks: value heads per block (0: the launcher's choice)
+  // NVFP4 reads at dk = 128 on the tensor cores (else the CUDA cores): the launcher's automatic choice
+  // takes them only on large grids, which no case here has, so the cases pick one each.
+  bool tensor_core_read = false;
 };
 
 std::vector<Case> cases() {
@@ -56,11 +59,11 @@ std::vector<Case> cases() {
   for (ssm::Recurrence k : {ssm::Recurrence::mamba2, ssm::Recurrence::gdn}) {
     // Small batches make the launcher choose one head per block (to fill the SMs); forcing the
     // largest head group per block covers the path large batches take.
-    c.push_back({k, {2, 1, 16, 128, 64}, true, 4});   // Nemotron-3-Super head group, decays near 1
+    c.push_back({k, {2, 1, 16, 128, 64}, true, 4, true});  // Nemotron-3-Super head group, decays near 1
     c.push_back({k, {2, 1, 16, 128, 64}, false, 0});  // the same, launcher's choice
     c.push_back({k, {3, 2, 6, 64, 37}, false, 3});    // awkward: odd batch, dv = 37, 3 heads per key head
     c.push_back({k, {2, 1, 2, 256, 24}, true, 2});    // dk = 256
-    c.push_back({k, {1, 2, 4, 128, 128}, false, 0});  // Qwen3.5 head shape
+    c.push_back({k, {1, 2, 4, 128, 128}, false, 0, true});  // Qwen3.5 head shape
   }
   return c;
 }
@@ -70,7 +73,7 @@ std::vector<Case> cases() {
 std::vector<Case> replay_cases() {
   std::vector<Case> c = cases();
   for (ssm::Recurrence k : {ssm::Recurrence::mamba2, ssm::Recurrence::gdn}) {
-    c.push_back({k, {2, 1, 16, 128, 64}, true, 16});
+    c.push_back({k, {2, 1, 16, 128, 64}, true, 16, true});
     c.push_back({k, {2, 1, 12, 128, 80}, false, 12});
   }
   return c;
@@ -123,6 +126,8 @@ struct PolicyBuffers {
     config.recur_rounding = policy.recur.rounding;
     config.seed = policy.seed;
     config.heads_per_block = c.heads_per_block;
+    config.nvfp4_read_path =
+        c.tensor_core_read ? cuda::ReplayConfig::ReadPath::tensor_cores : cuda::ReplayConfig::ReadPath::cuda_cores;
     config.skip_threshold_read = policy.skip.threshold_for(split ? policy.read : policy.recur);
     config.skip_threshold_flush = policy.skip.threshold_for(policy.recur);
     if (split) {
