@@ -134,9 +134,10 @@ struct ReplayConfig {
   float skip_threshold_read = 0.0f;
   float skip_threshold_flush = 0.0f;
   bool skips() const { return skip_threshold_read > 0.0f || skip_threshold_flush > 0.0f; }
-  // How a non-flush step reads an NVFP4 read copy at dk = 128 (dv % 16 == 0): as tensor-core products
-  // (cuda/ssm/mma_read.cuh) or on the CUDA cores. Both give the same values up to fp32 summation order.
-  // automatic: the tensor cores on grids of at least 4 blocks per SM, where they were measured faster.
+  // How a non-flush step reads an NVFP4 read copy: as tensor-core products (cuda/ssm/mma_read.cuh) or on
+  // the CUDA cores. Both give the same values up to fp32 summation order. The tensor-core read exists only
+  // for dk = 128 with dv % 16 == 0; other shapes and other read formats take the CUDA cores whatever this
+  // says. automatic: the tensor cores on grids of at least 4 blocks per SM, where they were measured faster.
   enum class ReadPath { automatic, cuda_cores, tensor_cores };
   ReadPath nvfp4_read_path = ReadPath::automatic;
 };
