@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 13, prepared in session 12 (no device time then): nonflush_record_pieces.patch (lib_records) against
+# the library of 04e6f1c (lib_base). Pack: .device/pack12.tar.xz (bin/, lib_base/, lib_records/, sys/; how to
+# rebuild it: README.md of this folder). Two calls, each well under 10 minutes:
+#   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ab    # tests, then the A/B bench
+#   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ncu   # Nsight source counters, memcheck
+set -u
+MODE=${1:-ab}
+R=$OUT/r; mkdir -p $R
+mkdir -p .device/a && tar -C .device/a -xJf .device/pack12.tar.xz
+A=$PWD/.device/a; B=$A/bin
+nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt 2>&1
+SYS=""; if LD_LIBRARY_PATH=$A/lib_base ldd $B/replayssm-bench | grep -q "not found"; then SYS=":$A/sys"; fi
+NEW=$A/lib_records$SYS; OLD=$A/lib_base$SYS
+SHAPES="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b"
+LD_LIBRARY_PATH=$NEW $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
+if [ "$MODE" = ab ]; then
+  t0=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 240 $B/test_decode_cuda > $R/test_decode_cuda.txt 2>&1
+  echo "test rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda.txt | head -n 2 | tr '\n' ' ')"
+  if grep -q "Status: SUCCESS" $R/test_decode_cuda.txt; then
+    for round in 1 2; do
+      for lib in new old; do
+        L=$NEW; [ $lib = old ] && L=$OLD
+        t1=$SECONDS; LD_LIBRARY_PATH=$L timeout 150 $B/replayssm-bench bench --shapes $SHAPES --batch 32 256 --window 16 --drafts 8 \
+          --csv $R/main_${lib}_$round.csv > $R/main_${lib}_$round.txt 2>&1; echo "main $lib $round rc=$? $((SECONDS-t1))s"
+      done
+    done
+  else
+    grep -B5 -A25 "ERROR" $R/test_decode_cuda.txt | head -80
+  fi
+else
+  # NVFP4 (6) and FP16 (1) reads, Mamba-2 dk 128, Super shape, B 256, h0 = L/2: the tensor-core instance for NVFP4
+  for lib in new old; do
+    L=$NEW; [ $lib = old ] && L=$OLD
+    for f in 6 1; do
+      last=0; [ $f = 6 ] && last=1
+      K="regex:replay_nonflush_kernel<.*StorageFormat\)$f, \(int\)128, \(bool\)0, \(bool\)$last>"
+      t1=$SECONDS
+      LD_LIBRARY_PATH=$L timeout 120 ncu --kernel-name-base demangled --kernel-name "$K" --launch-count 1 --section SourceCounters \
+        --section WarpStateStats --section InstructionStats --section SpeedOfLight --section Occupancy --import-source yes \
+        -o $R/src_${lib}_$f $B/replayssm-bench bench --shapes nemotron-3-super --batch 256 --window 16 --arena-gib 20 \
+        --repeats 1 --no-check > $R/ncu_log_${lib}_$f.txt 2>&1
+      echo "ncu $lib $f rc=$? $((SECONDS-t1))s"
+      ncu -i $R/src_${lib}_$f.ncu-rep --page source --csv --print-source cuda,sass > $R/src_page_${lib}_$f.csv 2>&1
+      ncu -i $R/src_${lib}_$f.ncu-rep --page details > $R/details_${lib}_$f.txt 2>&1
+      rm -f $R/src_${lib}_$f.ncu-rep
+    done
+  done
+  t1=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 200 compute-sanitizer --tool memcheck $B/test_decode_cuda \
+    -tc="*staggered windows*,*appendix F skipping*,*after verification commits*,*exactly representable*" > $R/memcheck.txt 2>&1
+  echo "memcheck rc=$? $((SECONDS-t1))s"; tail -n 2 $R/memcheck.txt
+fi
+sed -i "s#$PWD#<repository>#g" $R/*.txt $R/*.csv 2>/dev/null
+xz -9 -T8 $R/*.txt $R/*.csv; tar -C $OUT -cf $OUT/results.tar r && rm -rf $R; ls -la $OUT
