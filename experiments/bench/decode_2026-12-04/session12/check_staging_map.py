@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""CPU re-enactment of the index arithmetic of stage_window_records and fold_rows
-(cuda/ssm/decode_replay_nonflush.cu, the prepared patch of this folder): every thread's 16-byte pieces
-must cover vals[p][0 .. NH dv) exactly once, each from the right ring slot or the current token, and the
-fold must read, for row idx of the block, the value of that row at every position. This checks the
+"""CPU re-enactment of the index arithmetic of stage_window_records, fold_rows and the streamed flush's
+coefficients (the prepared patches of this folder): every thread's 16-byte pieces must cover
+vals[p][0 .. NH dv) exactly once, each from the right ring slot or the current token, and the folds must
+read, for a row of a head, that row's value at every position. This checks the
 lane arithmetic only, not the CUDA semantics of cp.async; test_decode_cuda on the H200 decides those."""
 import itertools, random
 
@@ -53,10 +53,15 @@ def staging_ok(kind, B, H, G, dv, NH, capacity, start, h0, head0, b):
             for r in range(dv):
                 assert written.pop(p * run + n * dv + r) == (buf, off + n * dv + r)
     assert not written
-    # the fold: row idx (head n = idx // dv, row r) reads vals[p * run + idx], i.e. head n's row r
+    # the non-flush fold: row idx (head n = idx // dv, row r) reads vals[p * run + idx], i.e. head n's row r
     for idx in range(run):
         n, r = small_div(idx, dv), idx - small_div(idx, dv) * dv
         assert n == idx // dv and 0 <= r < dv
+    # the streamed flush's coefficient of record p for row `row` of head n reads vals[(p NH + n) dv + row]
+    for p in range(staged):
+        for n in range(NH):
+            for row in range(dv):
+                assert (p * NH + n) * dv + row == p * run + n * dv + row
     return True
 
 

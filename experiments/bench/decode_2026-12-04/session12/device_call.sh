@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Issue 13, prepared in session 12 (no device time then): nonflush_record_pieces.patch (lib_records) against
-# the library of 04e6f1c (lib_base). Pack: .device/pack12.tar.xz (bin/, lib_base/, lib_records/, sys/; how to
-# rebuild it: README.md of this folder). Two calls, each well under 10 minutes:
+# Issue 13, prepared in session 12 (no device time then): the window's records staged by cp.async.
+# Pack: .device/pack12.tar.xz (bin/, lib_base/ = 04e6f1c, lib_records/ = nonflush_record_pieces.patch,
+# lib_all/ = records_pieces_nonflush_and_flush.patch, sys/; how to rebuild it: README.md of this folder).
+# Two calls, each well under 10 minutes:
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ab    # tests, then the A/B bench
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ncu   # Nsight source counters, memcheck
+# `ab` tests lib_all and benches it against lib_base; if lib_all fails its tests, it tests and benches
+# lib_records (the non-flush part alone) instead.
 set -u
 MODE=${1:-ab}
 R=$OUT/r; mkdir -p $R
@@ -11,13 +14,23 @@ mkdir -p .device/a && tar -C .device/a -xJf .device/pack12.tar.xz
 A=$PWD/.device/a; B=$A/bin
 nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt 2>&1
 SYS=""; if LD_LIBRARY_PATH=$A/lib_base ldd $B/replayssm-bench | grep -q "not found"; then SYS=":$A/sys"; fi
-NEW=$A/lib_records$SYS; OLD=$A/lib_base$SYS
+NEW=$A/lib_all$SYS; OLD=$A/lib_base$SYS
 SHAPES="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b"
 LD_LIBRARY_PATH=$NEW $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
 if [ "$MODE" = ab ]; then
-  t0=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 240 $B/test_decode_cuda > $R/test_decode_cuda.txt 2>&1
-  echo "test rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda.txt | head -n 2 | tr '\n' ' ')"
-  if grep -q "Status: SUCCESS" $R/test_decode_cuda.txt; then
+  t0=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 200 $B/test_decode_cuda > $R/test_decode_cuda.txt 2>&1
+  echo "test lib_all rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda.txt | head -n 2 | tr '\n' ' ')"
+  if ! grep -q "Status: SUCCESS" $R/test_decode_cuda.txt; then
+    grep -B5 -A25 "ERROR" $R/test_decode_cuda.txt | head -60
+    NEW=$A/lib_records$SYS
+    t0=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 200 $B/test_decode_cuda > $R/test_decode_cuda_records.txt 2>&1
+    echo "test lib_records rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda_records.txt | head -n 2 | tr '\n' ' ')"
+    cp $R/test_decode_cuda_records.txt $R/test_decode_cuda_used.txt
+  else
+    cp $R/test_decode_cuda.txt $R/test_decode_cuda_used.txt
+  fi
+  echo "benching $NEW"
+  if grep -q "Status: SUCCESS" $R/test_decode_cuda_used.txt; then
     for round in 1 2; do
       for lib in new old; do
         L=$NEW; [ $lib = old ] && L=$OLD
@@ -26,7 +39,7 @@ if [ "$MODE" = ab ]; then
       done
     done
   else
-    grep -B5 -A25 "ERROR" $R/test_decode_cuda.txt | head -80
+    grep -B5 -A25 "ERROR" $R/test_decode_cuda_used.txt | head -60
   fi
 else
   # NVFP4 (6) and FP16 (1) reads, Mamba-2 dk 128, Super shape, B 256, h0 = L/2: the tensor-core instance for NVFP4
