@@ -136,8 +136,9 @@ struct ReplayConfig {
   bool skips() const { return skip_threshold_read > 0.0f || skip_threshold_flush > 0.0f; }
   // How a non-flush step reads an NVFP4 read copy: as tensor-core products (cuda/ssm/mma_read.cuh) or on
   // the CUDA cores. Both give the same values up to fp32 summation order. The tensor-core read exists only
-  // for dk = 128 with dv % 16 == 0; other shapes and other read formats take the CUDA cores whatever this
-  // says. automatic: the tensor cores on grids of at least 4 blocks per SM, where they were measured faster.
+  // for Mamba-2 and GDN at dk = 128 with dv % 16 == 0: replay_step refuses tensor_cores for an NVFP4 read
+  // copy anywhere else. Other read formats ignore this, and verify_step always reads on the CUDA cores.
+  // automatic: the tensor cores on grids of at least 4 blocks per SM, where they were measured faster.
   enum class ReadPath { automatic, cuda_cores, tensor_cores };
   ReadPath nvfp4_read_path = ReadPath::automatic;
 };

@@ -32,6 +32,15 @@ int nonflush_heads_per_block(const DecodeShape& s, int L, int narrow) {
 
 void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream) {
+  // A forced tensor-core NVFP4 read where there is none is refused rather than run on the CUDA cores: a
+  // study of that path's numerics must not silently measure the other one.
+  const bool nvfp4_read = (config.split() ? config.read.format : config.recur.format) == StorageFormat::nvfp4;
+  if (nvfp4_read && config.nvfp4_read_path == ReplayConfig::ReadPath::tensor_cores &&
+      (kind == ssm::Recurrence::kda || !tensor_core_read_serves(shape.dk, shape.dv)))
+    throw_invalid_argument(kind == ssm::Recurrence::kda
+                               ? "nvfp4_read_path = tensor_cores: the KDA kernels have no tensor-core read"
+                               : "nvfp4_read_path = tensor_cores: the tensor-core NVFP4 read serves dk = 128 with dv % 16 == 0",
+                           "dk", shape.dk, "dv", shape.dv);
   if (kind == ssm::Recurrence::kda) return kda_detail::replay_step(shape, in, config, records, stream);
   check_shape(shape);
   if (config.window < 1 || config.window > kMaxWindow)

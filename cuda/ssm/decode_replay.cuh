@@ -328,6 +328,10 @@ __device__ __forceinline__ void append_record(const ReplayArgs& A, const BlockGe
 }
 
 
+// The shapes the tensor-core NVFP4 read (mma_read.cuh) serves: dk = 128, and 16-row tiles that never
+// straddle two heads (dv % 16 == 0). Mamba-2 and GDN only: KDA's kernels have no tensor-core read.
+__host__ __device__ constexpr bool tensor_core_read_serves(int dk, int dv) { return dk == 128 && dv % 16 == 0; }
+
 // Non-flush grids of at least this many blocks per SM take the wide blocks (decode_replay.cu) and, with
 // ReplayConfig::ReadPath::automatic, the tensor-core NVFP4 read (decode_replay_nonflush.cu). Smaller
 // grids are latency-bound: there the wide blocks made the staggered step slower (H200, 2026-12-04,

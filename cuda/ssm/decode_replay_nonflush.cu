@@ -314,7 +314,8 @@ void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat r
         if constexpr (mma_read_applies<R(), DK()>()) {
           using Path = ReplayConfig::ReadPath;
           const bool large = static_cast<long>(grid.x) * grid.y >= static_cast<long>(kLargeGridBlocksPerSm) * sm_count();
-          if (A.shape.dv % 16 == 0 && (A.nvfp4_read_path == Path::tensor_cores || (A.nvfp4_read_path == Path::automatic && large)))
+          if (tensor_core_read_serves(DK(), A.shape.dv) &&
+              (A.nvfp4_read_path == Path::tensor_cores || (A.nvfp4_read_path == Path::automatic && large)))
             return with_skip(std::true_type{});
         }
         with_skip(std::false_type{});

@@ -1012,4 +1012,38 @@ TEST_CASE("the launchers refuse rings not sized for the verification they serve,
     rec.view.max_drafts = 0;
     CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), not_divisor, rec.view, nullptr), std::invalid_argument);
   }
+  {
+    // A forced tensor-core NVFP4 read is refused where it does not exist (dv % 16 != 0; KDA) instead of
+    // running on the CUDA cores; the same shape runs with the automatic path or the CUDA cores.
+    for (const DecodeShape& shape : {DecodeShape{2, 1, 4, 128, 40}, DecodeShape{2, 1, 4, 64, 64}}) {
+      StateBuffers recur(StorageFormat::fp32, shape), read(StorageFormat::nvfp4, shape);
+      cuda::ReplayConfig split;
+      split.window = 16;
+      split.recur = recur.view;
+      split.read = read.view;
+      split.nvfp4_read_path = cuda::ReplayConfig::ReadPath::tensor_cores;
+      HostStep one = InputGen(test::kBaseSeed + 43100 + shape.dk, false).make(ssm::Recurrence::mamba2, shape, 1);
+      DeviceStep in(one, shape.heads() * shape.dv);
+      RecordBuffers rec(shape, 16, std::vector<cuda::WindowState>(shape.batch));
+      for (ssm::Recurrence kind : {ssm::Recurrence::mamba2, ssm::Recurrence::gdn, ssm::Recurrence::kda})
+        CHECK_THROWS_AS(cuda::replay_step(kind, shape, in.inputs(), split, rec.view, nullptr), std::invalid_argument);
+      for (auto path : {cuda::ReplayConfig::ReadPath::automatic, cuda::ReplayConfig::ReadPath::cuda_cores}) {
+        split.nvfp4_read_path = path;
+        CHECK_NOTHROW(cuda::replay_step(ssm::Recurrence::mamba2, shape, in.inputs(), split, rec.view, nullptr));
+        REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+      }
+    }
+    // KDA at a shape the Mamba-2/GDN tensor-core read would serve: still refused.
+    const DecodeShape kimi{2, 1, 2, 128, 128};
+    StateBuffers recur(StorageFormat::fp32, kimi), read(StorageFormat::nvfp4, kimi);
+    cuda::ReplayConfig split;
+    split.window = 16;
+    split.recur = recur.view;
+    split.read = read.view;
+    split.nvfp4_read_path = cuda::ReplayConfig::ReadPath::tensor_cores;
+    RecordBuffers rec(kimi, 16, std::vector<cuda::WindowState>(kimi.batch), kimi.dk);
+    HostStep one = InputGen(test::kBaseSeed + 43200, false).make(ssm::Recurrence::mamba2, kimi, 1);
+    DeviceStep in(one, kimi.heads() * kimi.dv);
+    CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::kda, kimi, in.inputs(), split, rec.view, nullptr), std::invalid_argument);
+  }
 }
