@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 13, prepared in session 12 (no device time then): the window's records staged by cp.async.
-# Pack: .device/pack12.tar.xz (bin/, lib_base/ = 04e6f1c, lib_records/ = nonflush_record_pieces.patch,
+# Pack: .device/pack12.tar.xz (bin/ and lib_base/ = 7d89d8f, lib_records/ = nonflush_record_pieces.patch,
 # lib_all/ = records_pieces_nonflush_and_flush.patch, sys/; how to rebuild it: README.md of this folder).
 # Two calls, each well under 10 minutes:
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ab    # tests, then the A/B bench
@@ -18,6 +18,9 @@ NEW=$A/lib_all$SYS; OLD=$A/lib_base$SYS
 SHAPES="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b"
 LD_LIBRARY_PATH=$NEW $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
 if [ "$MODE" = ab ]; then
+  # main's own library (7d89d8f): its new launcher-refusal checks first (seconds)
+  LD_LIBRARY_PATH=$OLD timeout 60 $B/test_decode_cuda -tc="*launchers refuse*" > $R/test_refusals_base.txt 2>&1
+  echo "refusals lib_base rc=$? $(tail -n 3 $R/test_refusals_base.txt | head -n 2 | tr '\n' ' ')"
   t0=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 200 $B/test_decode_cuda > $R/test_decode_cuda.txt 2>&1
   echo "test lib_all rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda.txt | head -n 2 | tr '\n' ' ')"
   if ! grep -q "Status: SUCCESS" $R/test_decode_cuda.txt; then
