@@ -1013,37 +1013,37 @@ TEST_CASE("the launchers refuse rings not sized for the verification they serve,
     CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), not_divisor, rec.view, nullptr), std::invalid_argument);
   }
   {
-    // A forced tensor-core NVFP4 read is refused where it does not exist (dv % 16 != 0; KDA) instead of
-    // running on the CUDA cores; the same shape runs with the automatic path or the CUDA cores.
-    for (const DecodeShape& shape : {DecodeShape{2, 1, 4, 128, 40}, DecodeShape{2, 1, 4, 64, 64}}) {
-      StateBuffers recur(StorageFormat::fp32, shape), read(StorageFormat::nvfp4, shape);
+    // A forced tensor-core NVFP4 read is refused where it does not exist (dv % 16 != 0, dk != 128; KDA at
+    // any shape) instead of running on the CUDA cores; the shapes Mamba-2 reads on the CUDA cores run
+    // with the automatic path and with cuda_cores. The refusal comes before any input is read.
+    struct Forced {
+      DecodeShape shape;
+      std::vector<ssm::Recurrence> refused;
+      bool runs_otherwise;
+    };
+    const Forced forced[] = {
+        {{2, 1, 4, 128, 40}, {ssm::Recurrence::mamba2, ssm::Recurrence::gdn, ssm::Recurrence::kda}, true},
+        {{2, 1, 4, 64, 64}, {ssm::Recurrence::mamba2, ssm::Recurrence::gdn, ssm::Recurrence::kda}, true},
+        {{2, 1, 2, 128, 128}, {ssm::Recurrence::kda}, false},  // a shape the Mamba-2/GDN read serves
+    };
+    for (const Forced& f : forced) {
+      StateBuffers recur(StorageFormat::fp32, f.shape), read(StorageFormat::nvfp4, f.shape);
       cuda::ReplayConfig split;
       split.window = 16;
       split.recur = recur.view;
       split.read = read.view;
       split.nvfp4_read_path = cuda::ReplayConfig::ReadPath::tensor_cores;
-      HostStep one = InputGen(test::kBaseSeed + 43100 + shape.dk, false).make(ssm::Recurrence::mamba2, shape, 1);
-      DeviceStep in(one, shape.heads() * shape.dv);
-      RecordBuffers rec(shape, 16, std::vector<cuda::WindowState>(shape.batch));
-      for (ssm::Recurrence kind : {ssm::Recurrence::mamba2, ssm::Recurrence::gdn, ssm::Recurrence::kda})
-        CHECK_THROWS_AS(cuda::replay_step(kind, shape, in.inputs(), split, rec.view, nullptr), std::invalid_argument);
+      HostStep one = InputGen(test::kBaseSeed + 43100 + f.shape.dk + f.shape.dv, false).make(ssm::Recurrence::mamba2, f.shape, 1);
+      DeviceStep in(one, f.shape.heads() * f.shape.dv);
+      RecordBuffers rec(f.shape, 16, std::vector<cuda::WindowState>(f.shape.batch), f.shape.dk);  // wide enough for KDA decays
+      for (ssm::Recurrence kind : f.refused)
+        CHECK_THROWS_AS(cuda::replay_step(kind, f.shape, in.inputs(), split, rec.view, nullptr), std::invalid_argument);
+      if (!f.runs_otherwise) continue;
       for (auto path : {cuda::ReplayConfig::ReadPath::automatic, cuda::ReplayConfig::ReadPath::cuda_cores}) {
         split.nvfp4_read_path = path;
-        CHECK_NOTHROW(cuda::replay_step(ssm::Recurrence::mamba2, shape, in.inputs(), split, rec.view, nullptr));
+        CHECK_NOTHROW(cuda::replay_step(ssm::Recurrence::mamba2, f.shape, in.inputs(), split, rec.view, nullptr));
         REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
       }
     }
-    // KDA at a shape the Mamba-2/GDN tensor-core read would serve: still refused.
-    const DecodeShape kimi{2, 1, 2, 128, 128};
-    StateBuffers recur(StorageFormat::fp32, kimi), read(StorageFormat::nvfp4, kimi);
-    cuda::ReplayConfig split;
-    split.window = 16;
-    split.recur = recur.view;
-    split.read = read.view;
-    split.nvfp4_read_path = cuda::ReplayConfig::ReadPath::tensor_cores;
-    RecordBuffers rec(kimi, 16, std::vector<cuda::WindowState>(kimi.batch), kimi.dk);
-    HostStep one = InputGen(test::kBaseSeed + 43200, false).make(ssm::Recurrence::mamba2, kimi, 1);
-    DeviceStep in(one, kimi.heads() * kimi.dv);
-    CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::kda, kimi, in.inputs(), split, rec.view, nullptr), std::invalid_argument);
   }
 }
