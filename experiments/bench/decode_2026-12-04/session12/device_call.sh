@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 13, prepared in session 12 (no device time then): the window's records staged by cp.async.
-# Pack: .device/pack12.tar.xz (bin/ and lib_base/ = 7d89d8f, lib_records/ = nonflush_record_pieces.patch,
+# Pack: .device/pack12.tar.xz (bin/ = 4cbd562's test and bench, lib_base/ = 7d89d8f, lib_records/ = nonflush_record_pieces.patch,
 # lib_all/ = records_pieces_nonflush_and_flush.patch, sys/; how to rebuild it: README.md of this folder).
 # Two calls, each well under 10 minutes:
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ab    # tests, then the A/B bench
