@@ -2,9 +2,11 @@
 # Issue 13, prepared in session 12 (no device time then): the window's records staged by cp.async.
 # Pack: .device/pack12.tar.xz (bin/ = 4cbd562's test and bench, lib_base/ = 7d89d8f, lib_records/ = nonflush_record_pieces.patch,
 # lib_all/ = records_pieces_nonflush_and_flush.patch, sys/; how to rebuild it: README.md of this folder).
-# Two calls, each well under 10 minutes:
-#   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ab    # tests, then the A/B bench
-#   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ncu   # Nsight source counters, memcheck
+# lib_verify/ = records_pieces_and_verify_flush_tiles.patch (the three stacked). Three calls, each well under
+# 10 minutes:
+#   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ab      # tests, then the A/B bench
+#   bash experiments/bench/decode_2026-12-04/session12/device_call.sh verify  # lib_verify: tests, A/B against lib_all
+#   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ncu     # Nsight source counters, memcheck
 # `ab` tests lib_all and benches it against lib_base; if lib_all fails its tests, it tests and benches
 # lib_records (the non-flush part alone) instead.
 set -u
@@ -43,6 +45,25 @@ if [ "$MODE" = ab ]; then
     done
   else
     grep -B5 -A25 "ERROR" $R/test_decode_cuda_used.txt | head -60
+  fi
+elif [ "$MODE" = verify ]; then
+  V=$A/lib_verify$SYS; NEW=$A/lib_all$SYS
+  t0=$SECONDS; LD_LIBRARY_PATH=$V timeout 200 $B/test_decode_cuda > $R/test_decode_cuda_verify.txt 2>&1
+  echo "test lib_verify rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda_verify.txt | head -n 2 | tr '\n' ' ')"
+  if grep -q "Status: SUCCESS" $R/test_decode_cuda_verify.txt; then
+    for round in 1 2; do
+      for lib in verify all; do
+        L=$V; [ $lib = all ] && L=$NEW
+        t1=$SECONDS; LD_LIBRARY_PATH=$L timeout 120 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b \
+          --batch 32 256 --window 16 --drafts 1 4 8 --csv $R/verify_${lib}_$round.csv > $R/verify_${lib}_$round.txt 2>&1
+        echo "verify bench $lib $round rc=$? $((SECONDS-t1))s"
+      done
+    done
+    t1=$SECONDS; LD_LIBRARY_PATH=$V timeout 150 compute-sanitizer --tool memcheck $B/test_decode_cuda \
+      -tc="*verification kernels*,*after verification commits*,*CUDA Graphs*" > $R/memcheck_verify.txt 2>&1
+    echo "memcheck verify rc=$? $((SECONDS-t1))s"; tail -n 2 $R/memcheck_verify.txt
+  else
+    grep -B5 -A25 "ERROR" $R/test_decode_cuda_verify.txt | head -60
   fi
 else
   # NVFP4 (6) and FP16 (1) reads, Mamba-2 dk 128, Super shape, B 256, h0 = L/2: the tensor-core instance for NVFP4
