@@ -2,8 +2,9 @@
 # Issue 13, prepared in session 12 (no device time then): the window's records staged by cp.async.
 # Pack: .device/pack12.tar.xz (bin/ = 4cbd562's test and bench, lib_base/ = 7d89d8f, lib_records/ = nonflush_record_pieces.patch,
 # lib_all/ = records_pieces_nonflush_and_flush.patch, sys/; how to rebuild it: README.md of this folder).
-# lib_verify/ = records_pieces_and_verify_flush_tiles.patch (the three stacked). Three calls, each well under
-# 10 minutes:
+# `verify` uses .device/pack12v.tar.xz instead (bin/, lib_all/, lib_verify/ = records_pieces_and_verify_flush_tiles.patch,
+# lib_verify_gdn/ = records_pieces_and_verify_flush_tiles_gdn.patch, sys/): both packs together exceed what one call
+# carries. Three calls, each well under 10 minutes:
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ab      # tests, then the A/B bench
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh verify  # lib_verify: tests, A/B against lib_all
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ncu     # Nsight source counters, memcheck
@@ -12,10 +13,11 @@
 set -u
 MODE=${1:-ab}
 R=$OUT/r; mkdir -p $R
-mkdir -p .device/a && tar -C .device/a -xJf .device/pack12.tar.xz
+PACK=.device/pack12.tar.xz; [ "$MODE" = verify ] && PACK=.device/pack12v.tar.xz
+mkdir -p .device/a && tar -C .device/a -xJf $PACK
 A=$PWD/.device/a; B=$A/bin
 nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt 2>&1
-SYS=""; if LD_LIBRARY_PATH=$A/lib_base ldd $B/replayssm-bench | grep -q "not found"; then SYS=":$A/sys"; fi
+SYS=""; if LD_LIBRARY_PATH=$A/lib_all ldd $B/replayssm-bench | grep -q "not found"; then SYS=":$A/sys"; fi
 NEW=$A/lib_all$SYS; OLD=$A/lib_base$SYS
 SHAPES="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b"
 LD_LIBRARY_PATH=$NEW $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
@@ -47,15 +49,26 @@ if [ "$MODE" = ab ]; then
     grep -B5 -A25 "ERROR" $R/test_decode_cuda_used.txt | head -60
   fi
 elif [ "$MODE" = verify ]; then
-  V=$A/lib_verify$SYS; NEW=$A/lib_all$SYS
-  t0=$SECONDS; LD_LIBRARY_PATH=$V timeout 200 $B/test_decode_cuda > $R/test_decode_cuda_verify.txt 2>&1
-  echo "test lib_verify rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda_verify.txt | head -n 2 | tr '\n' ' ')"
-  if grep -q "Status: SUCCESS" $R/test_decode_cuda_verify.txt; then
+  # lib_verify_gdn (Mamba-2 and GDN flush tiles) first; if it fails its tests, lib_verify (Mamba-2 only).
+  NEW=$A/lib_all$SYS; V=$A/lib_verify_gdn$SYS; SH="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b"
+  t0=$SECONDS; LD_LIBRARY_PATH=$V timeout 200 $B/test_decode_cuda > $R/test_decode_cuda_verify_gdn.txt 2>&1
+  echo "test lib_verify_gdn rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda_verify_gdn.txt | head -n 2 | tr '\n' ' ')"
+  if ! grep -q "Status: SUCCESS" $R/test_decode_cuda_verify_gdn.txt; then
+    grep -B5 -A25 "ERROR" $R/test_decode_cuda_verify_gdn.txt | head -40
+    V=$A/lib_verify$SYS; SH="nemotron-3-super nemotron-3-nano-4b"
+    t0=$SECONDS; LD_LIBRARY_PATH=$V timeout 200 $B/test_decode_cuda > $R/test_decode_cuda_verify.txt 2>&1
+    echo "test lib_verify rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda_verify.txt | head -n 2 | tr '\n' ' ')"
+    cp $R/test_decode_cuda_verify.txt $R/test_used.txt
+  else
+    cp $R/test_decode_cuda_verify_gdn.txt $R/test_used.txt
+  fi
+  echo "benching $V on $SH"
+  if grep -q "Status: SUCCESS" $R/test_used.txt; then
     for round in 1 2; do
       for lib in verify all; do
         L=$V; [ $lib = all ] && L=$NEW
-        t1=$SECONDS; LD_LIBRARY_PATH=$L timeout 120 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b \
-          --batch 32 256 --window 16 --drafts 1 4 8 --csv $R/verify_${lib}_$round.csv > $R/verify_${lib}_$round.txt 2>&1
+        t1=$SECONDS; LD_LIBRARY_PATH=$L timeout 120 $B/replayssm-bench bench --shapes $SH \
+          --batch 32 256 --window 16 --drafts 4 8 --csv $R/verify_${lib}_$round.csv > $R/verify_${lib}_$round.txt 2>&1
         echo "verify bench $lib $round rc=$? $((SECONDS-t1))s"
       done
     done
@@ -63,7 +76,7 @@ elif [ "$MODE" = verify ]; then
       -tc="*verification kernels*,*after verification commits*,*CUDA Graphs*" > $R/memcheck_verify.txt 2>&1
     echo "memcheck verify rc=$? $((SECONDS-t1))s"; tail -n 2 $R/memcheck_verify.txt
   else
-    grep -B5 -A25 "ERROR" $R/test_decode_cuda_verify.txt | head -60
+    grep -B5 -A25 "ERROR" $R/test_used.txt | head -60
   fi
 else
   # NVFP4 (6) and FP16 (1) reads, Mamba-2 dk 128, Super shape, B 256, h0 = L/2: the tensor-core instance for NVFP4
