@@ -21,62 +21,43 @@ SYS=""; if LD_LIBRARY_PATH=$A/lib_all ldd $B/replayssm-bench | grep -q "not foun
 NEW=$A/lib_all$SYS; OLD=$A/lib_base$SYS
 SHAPES="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b"
 LD_LIBRARY_PATH=$NEW $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
+# test_with LIB NAME: test_decode_cuda with library LIB into test_NAME.txt; success status, failures shown.
+test_with() {
+  local t0=$SECONDS; LD_LIBRARY_PATH=$1 timeout 200 $B/test_decode_cuda > $R/test_$2.txt 2>&1
+  echo "test $2 rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_$2.txt | head -n 2 | tr '\n' ' ')"
+  grep -q "Status: SUCCESS" $R/test_$2.txt && return 0
+  grep -B5 -A25 "ERROR" $R/test_$2.txt | head -60; return 1
+}
+# ab_rounds NEW OLD TAG BENCH-ARGS...: 2 rounds of the bench, NEW and OLD alternating, into TAG_{new,old}_ROUND.
+ab_rounds() {
+  local new=$1 old=$2 tag=$3; shift 3
+  for round in 1 2; do
+    for lib in new old; do
+      local L=$new; [ $lib = old ] && L=$old
+      local t1=$SECONDS; LD_LIBRARY_PATH=$L timeout 150 $B/replayssm-bench bench "$@" --csv $R/${tag}_${lib}_$round.csv \
+        > $R/${tag}_${lib}_$round.txt 2>&1
+      echo "$tag $lib $round rc=$? $((SECONDS-t1))s"
+    done
+  done
+}
 if [ "$MODE" = ab ]; then
   # main's own library (7d89d8f): its new launcher-refusal checks first (seconds)
   LD_LIBRARY_PATH=$OLD timeout 60 $B/test_decode_cuda -tc="*launchers refuse*" > $R/test_refusals_base.txt 2>&1
   echo "refusals lib_base rc=$? $(tail -n 3 $R/test_refusals_base.txt | head -n 2 | tr '\n' ' ')"
-  t0=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 200 $B/test_decode_cuda > $R/test_decode_cuda.txt 2>&1
-  echo "test lib_all rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda.txt | head -n 2 | tr '\n' ' ')"
-  if ! grep -q "Status: SUCCESS" $R/test_decode_cuda.txt; then
-    grep -B5 -A25 "ERROR" $R/test_decode_cuda.txt | head -60
-    NEW=$A/lib_records$SYS
-    t0=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 200 $B/test_decode_cuda > $R/test_decode_cuda_records.txt 2>&1
-    echo "test lib_records rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda_records.txt | head -n 2 | tr '\n' ' ')"
-    cp $R/test_decode_cuda_records.txt $R/test_decode_cuda_used.txt
-  else
-    cp $R/test_decode_cuda.txt $R/test_decode_cuda_used.txt
-  fi
-  echo "benching $NEW"
-  if grep -q "Status: SUCCESS" $R/test_decode_cuda_used.txt; then
-    for round in 1 2; do
-      for lib in new old; do
-        L=$NEW; [ $lib = old ] && L=$OLD
-        t1=$SECONDS; LD_LIBRARY_PATH=$L timeout 150 $B/replayssm-bench bench --shapes $SHAPES --batch 32 256 --window 16 --drafts 8 \
-          --csv $R/main_${lib}_$round.csv > $R/main_${lib}_$round.txt 2>&1; echo "main $lib $round rc=$? $((SECONDS-t1))s"
-      done
-    done
-  else
-    grep -B5 -A25 "ERROR" $R/test_decode_cuda_used.txt | head -60
+  # lib_all (patches 1 + 2), or lib_records (patch 1) if lib_all fails its tests
+  if test_with $NEW all || { NEW=$A/lib_records$SYS; test_with $NEW records; }; then
+    echo "benching $NEW"
+    ab_rounds $NEW $OLD main --shapes $SHAPES --batch 32 256 --window 16 --drafts 8
   fi
 elif [ "$MODE" = verify ]; then
-  # lib_verify_gdn (Mamba-2 and GDN flush tiles) first; if it fails its tests, lib_verify (Mamba-2 only).
-  NEW=$A/lib_all$SYS; V=$A/lib_verify_gdn$SYS; SH="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b"
-  t0=$SECONDS; LD_LIBRARY_PATH=$V timeout 200 $B/test_decode_cuda > $R/test_decode_cuda_verify_gdn.txt 2>&1
-  echo "test lib_verify_gdn rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda_verify_gdn.txt | head -n 2 | tr '\n' ' ')"
-  if ! grep -q "Status: SUCCESS" $R/test_decode_cuda_verify_gdn.txt; then
-    grep -B5 -A25 "ERROR" $R/test_decode_cuda_verify_gdn.txt | head -40
-    V=$A/lib_verify$SYS; SH="nemotron-3-super nemotron-3-nano-4b"
-    t0=$SECONDS; LD_LIBRARY_PATH=$V timeout 200 $B/test_decode_cuda > $R/test_decode_cuda_verify.txt 2>&1
-    echo "test lib_verify rc=$? $((SECONDS-t0))s $(tail -n 3 $R/test_decode_cuda_verify.txt | head -n 2 | tr '\n' ' ')"
-    cp $R/test_decode_cuda_verify.txt $R/test_used.txt
-  else
-    cp $R/test_decode_cuda_verify_gdn.txt $R/test_used.txt
-  fi
-  echo "benching $V on $SH"
-  if grep -q "Status: SUCCESS" $R/test_used.txt; then
-    for round in 1 2; do
-      for lib in verify all; do
-        L=$V; [ $lib = all ] && L=$NEW
-        t1=$SECONDS; LD_LIBRARY_PATH=$L timeout 120 $B/replayssm-bench bench --shapes $SH \
-          --batch 32 256 --window 16 --drafts 4 8 --csv $R/verify_${lib}_$round.csv > $R/verify_${lib}_$round.txt 2>&1
-        echo "verify bench $lib $round rc=$? $((SECONDS-t1))s"
-      done
-    done
+  # lib_verify_gdn (Mamba-2 and GDN flush tiles), or lib_verify (Mamba-2 only) if it fails its tests; against lib_all
+  V=$A/lib_verify_gdn$SYS; SH="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b"
+  if test_with $V verify_gdn || { V=$A/lib_verify$SYS; SH="nemotron-3-super nemotron-3-nano-4b"; test_with $V verify; }; then
+    echo "benching $V on $SH"
+    ab_rounds $V $NEW verify --shapes $SH --batch 32 256 --window 16 --drafts 4 8
     t1=$SECONDS; LD_LIBRARY_PATH=$V timeout 150 compute-sanitizer --tool memcheck $B/test_decode_cuda \
       -tc="*verification kernels*,*after verification commits*,*CUDA Graphs*" > $R/memcheck_verify.txt 2>&1
     echo "memcheck verify rc=$? $((SECONDS-t1))s"; tail -n 2 $R/memcheck_verify.txt
-  else
-    grep -B5 -A25 "ERROR" $R/test_used.txt | head -60
   fi
 else
   # NVFP4 (6) and FP16 (1) reads, Mamba-2 dk 128, Super shape, B 256, h0 = L/2: the tensor-core instance for NVFP4
