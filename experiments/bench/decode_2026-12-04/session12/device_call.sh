@@ -8,6 +8,9 @@
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ab      # tests, then the A/B bench
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh verify  # lib_verify: tests, A/B against lib_all
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ncu     # Nsight source counters, memcheck
+#   bash experiments/bench/decode_2026-12-04/session12/device_call.sh targets # Nsight on the kernels behind the missed targets
+# `targets` (added in session 13) profiles the library TARGET_LIB (default lib_base, main's kernels; lib_all once it has
+# landed) and needs no test first: the kernels are the tested ones. Summary: python3 ncu_targets.py <results>/ncu_t_*.csv
 # `ab` tests lib_all and benches it against lib_base; if lib_all fails its tests, it tests and benches
 # lib_records (the non-flush part alone) instead.
 set -u
@@ -59,6 +62,45 @@ elif [ "$MODE" = verify ]; then
       -tc="*verification kernels*,*after verification commits*,*CUDA Graphs*" > $R/memcheck_verify.txt 2>&1
     echo "memcheck verify rc=$? $((SECONDS-t1))s"; tail -n 2 $R/memcheck_verify.txt
   fi
+elif [ "$MODE" = targets ]; then
+  # Nsight Compute on the kernels behind the targets still missed (docs/BENCHMARKS.md, "Where issue 13's targets
+  # stand"), with the sections that say where the time goes (no source counters: minutes, not tens of minutes):
+  # conventional at B = 32 and 256 (GDN: Qwen3.5-4B at 88.9% of copy; Mamba-2: Super at 92.8%, for contrast), GDN's
+  # flush step at B = 256 (1.22 steps), Qwen3.5-4B's staggered step at B = 32 (1.24x), GDN verification without a
+  # flush at B = 32 (1.12 steps). The bench runs with --repeats 1 --no-check, so each row's kernel launches come in a
+  # known order: the staggered row runs 6 windows of 16 steps, every other row 4 launches (3 warm-ups + 1).
+  T=$A/${TARGET_LIB:-lib_base}$SYS
+  LD_LIBRARY_PATH=$T $B/replayssm-bench --version > $R/version_targets.txt 2>&1
+  SEC="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats"
+  # ncu_t NAME REGEX SKIP COUNT BENCH-ARGS...: launches SKIP+1 .. SKIP+COUNT of the kernels matching REGEX
+  ncu_t() {
+    local name=$1 k=$2 skip=$3 count=$4; shift 4
+    if [ $SECONDS -gt 500 ]; then echo "ncu $name skipped (time)"; return; fi
+    local t1=$SECONDS metrics=$STALLS rc
+    for attempt in 1 2; do  # without the stall metrics if this ncu does not know one of them
+      LD_LIBRARY_PATH=$T timeout -s INT 90 ncu --clock-control none --kernel-name-base demangled -k "regex:$k" -s $skip -c $count \
+        $SEC ${metrics:+--metrics $metrics} --csv --page details --log-file $R/ncu_t_$name.csv \
+        $B/replayssm-bench bench --window 16 --repeats 1 --no-check --arena-gib 16 "$@" > $R/ncu_t_bench_$name.txt 2>&1
+      rc=$?
+      if [ $rc = 0 ] || grep -q '^"0"' $R/ncu_t_$name.csv 2>/dev/null || [ -z "$metrics" ]; then break; fi
+      echo "ncu $name rc=$rc without launches: again without --metrics"; metrics=""
+    done
+    echo "ncu $name rc=$rc $((SECONDS-t1))s lines=$(wc -l < $R/ncu_t_$name.csv 2>/dev/null)"
+  }
+  # Warp stall reasons (cycles per issued instruction; the metrics ncu's own CPIStall rules read)
+  STALLS=""
+  for w in long_scoreboard short_scoreboard wait barrier mio_throttle lg_throttle math_pipe_throttle not_selected \
+           no_instruction dispatch_stall membar drain branch_resolving selected; do
+    STALLS="$STALLS${STALLS:+,}smsp__average_warps_issue_stalled_${w}_per_issue_active.ratio"
+  done
+  I128='(.int.)?128'; F0='(.bool.0|false)'; T1='(.bool.1|true)'
+  ncu_t conv_gdn "conventional_kernel<.*Recurrence.1, .*StorageFormat.0, " 0 8 --shapes qwen3.5-4b --batch 32 256
+  ncu_t conv_m2 "conventional_kernel<.*Recurrence.0, .*StorageFormat.0, " 0 8 --shapes nemotron-3-super --batch 32 256
+  # the streamed flush: 96 launches in the staggered row, 4 (empty) in the non-flush row, then the flush step's 4
+  ncu_t flush_gdn "replay_flush_kernel<.*Recurrence.1, .*StorageFormat.0, $I128, $F0, $T1>" 96 8 --shapes qwen3.5-4b --batch 256
+  # the staggered row's first 16 steps: flush kernel, then non-flush kernel, per step
+  ncu_t step_b32 "replay_(non)?flush_kernel<.*Recurrence.1, .*StorageFormat.0, " 0 32 --shapes qwen3.5-4b --batch 32
+  ncu_t verify_b32 "verify_kernel<.*Recurrence.1, $I128, (.int.)?8[,>]" 0 2 --shapes qwen3.5-4b --batch 32 --drafts 8
 else
   # NVFP4 (6) and FP16 (1) reads, Mamba-2 dk 128, Super shape, B 256, h0 = L/2: the tensor-core instance for NVFP4
   for lib in new old; do
