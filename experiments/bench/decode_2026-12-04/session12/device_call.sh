@@ -11,6 +11,7 @@
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh targets # Nsight on the kernels behind the missed targets
 # `targets` (added in session 13) profiles the library TARGET_LIB (default lib_base, main's kernels; lib_all once it has
 # landed) and needs no test first: the kernels are the tested ones. Summary: python3 ncu_targets.py <results>/ncu_t_*.csv
+# It also times ours and vLLM's ReplaySSM kernel at B = 64 and 128 (carry .device/peers_vllm.tar.xz too).
 # `ab` tests lib_all and benches it against lib_base; if lib_all fails its tests, it tests and benches
 # lib_records (the non-flush part alone) instead.
 set -u
@@ -71,6 +72,17 @@ elif [ "$MODE" = targets ]; then
   # known order: the staggered row runs 6 windows of 16 steps, every other row 4 launches (3 warm-ups + 1).
   T=$A/${TARGET_LIB:-lib_base}$SYS
   LD_LIBRARY_PATH=$T $B/replayssm-bench --version > $R/version_targets.txt 2>&1
+  # First, the "B >= 32" part of the target over vLLM's ReplaySSM kernel at the two batches never measured
+  # against it (B = 64, 128): ours and vLLM 0.33.0's in the same call (.device/peers_vllm.tar.xz: the vllm
+  # extract of scripts/fetch_peers.sh, 53 KB).
+  if [ -f .device/peers_vllm.tar.xz ] && tar -C . -xJf .device/peers_vllm.tar.xz; then
+    t1=$SECONDS; LD_LIBRARY_PATH=$T timeout 150 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b \
+      --batch 64 128 --window 16 --drafts 8 --csv $R/mid_ours.csv > $R/mid_ours.txt 2>&1
+    echo "ours B=64,128 rc=$? $((SECONDS-t1))s"
+    t1=$SECONDS; timeout 150 python3 scripts/bench_peers.py --peers vllm --shapes nemotron-3-super nemotron-3-nano-4b \
+      --batch 64 128 --window 16 --csv $R/mid_vllm.csv > $R/mid_vllm.log 2>&1
+    echo "vllm B=64,128 rc=$? $((SECONDS-t1))s"; tail -n 6 $R/mid_vllm.log
+  fi
   SEC="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats"
   # ncu_t NAME REGEX SKIP COUNT BENCH-ARGS...: launches SKIP+1 .. SKIP+COUNT of the kernels matching REGEX
   ncu_t() {
