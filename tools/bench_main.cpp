@@ -17,10 +17,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // As `replayssm` (src/cli/main.cpp): --help and --version exit 0, every refused command line 2.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const std::exception& e) {
     std::cerr << "replayssm-bench: error: " << e.what() << "\n";
-    return 1;
+    return 2;
   }
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "bench/bench_fill.h"
 #include "cuda_check.h"
@@ -94,6 +96,7 @@ struct Events {
 };
 
 double median(std::vector<double> v) {
+  if (v.empty()) throw std::logic_error("bench: median of no timed repetitions");  // check_bench_options refuses repeats < 1
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
@@ -872,7 +875,37 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, double cop
 
 }  // namespace
 
+void check_bench_options(const BenchOptions& o) {
+  auto refuse = [](const std::string& message) { throw std::invalid_argument("bench " + message); };
+  if (o.repeats < 1)
+    refuse(fmt::format("--repeats must be >= 1: each time is the median of the timed repetitions (got {})", o.repeats));
+  if (o.shapes.empty()) refuse("--shapes: no model shape given");
+  for (const std::string& name : o.shapes) {
+    try {
+      ssm::find_shape(name);
+    } catch (const std::invalid_argument& e) {
+      refuse(fmt::format("--shapes: {}", e.what()));
+    }
+  }
+  if (o.batches.empty()) refuse("--batch: no batch size given");
+  for (int B : o.batches)  // B is a launch grid's second dimension
+    if (B < 1 || B > 65535) refuse(fmt::format("--batch B must be in [1, 65535] (got {})", B));
+  if (o.windows.empty()) refuse("--window: no window given");
+  for (int L : o.windows)
+    if (L < 1 || L > kMaxDecodeWindow)
+      refuse(fmt::format("--window L must be in [1, {}], the decode kernels' largest window (got {})", kMaxDecodeWindow, L));
+  if (o.drafts.empty()) refuse("--drafts: no draft count given");
+  for (int T : o.drafts)
+    if (std::find(std::begin(kVerifyDraftCounts), std::end(kVerifyDraftCounts), T) == std::end(kVerifyDraftCounts))
+      refuse(fmt::format("--drafts T must be one of {} (the verification kernels' draft counts; got {})",
+                         fmt::join(kVerifyDraftCounts, ", "), T));
+  if (!std::isfinite(o.arena_gib) || o.arena_gib < 0)
+    refuse(fmt::format("--arena-gib must be a finite number >= 0 (got {})", o.arena_gib));
+  if (o.heads_per_block < 0) refuse(fmt::format("--heads-per-block must be >= 0 (got {})", o.heads_per_block));
+}
+
 int run_decode_bench(const BenchOptions& o) {
+  check_bench_options(o);  // before any GPU work
   cudaDeviceProp prop{};
   REPLAYSSM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const double copy_gbps = measure_copy_gbps(o.repeats);

@@ -30,6 +30,12 @@ struct BenchOptions {
   bool schemes = false;
 };
 
+// Refuses options no run can honour, naming the option, what it accepts and the value (std::invalid_argument):
+// an unknown shape, B < 1, a window L outside the kernels' 1..kMaxDecodeWindow, a draft count the
+// verification kernels do not have, repeats < 1 (no sample to take the median of), a negative or non-finite
+// arena. run_decode_bench calls it before any GPU work.
+void check_bench_options(const BenchOptions& options);
+
 // Prints the tables to stdout; returns 0.
 int run_decode_bench(const BenchOptions& options);
 

@@ -21,7 +21,7 @@ namespace replayssm::cuda::decode_detail {
 using formats::StorageFormat;
 using namespace detail;
 
-inline constexpr int kMaxWindow = 64;
+inline constexpr int kMaxWindow = kMaxDecodeWindow;  // decode_kernels.h
 
 struct Geometry {
   int H, G, hpg, dk, dv;
@@ -538,6 +538,7 @@ void with_kind_all(ssm::Recurrence k, F&& f) {
   }
 }
 
+// The draft counts T of kVerifyDraftCounts (decode_kernels.h), as compile-time constants.
 template <class F>
 void with_drafts(int t, F&& f) {
   switch (t) {

@@ -114,8 +114,14 @@ struct DeviceRecords {
   WindowSync* sync = nullptr;  // [B] on the device, zero-initialised; nullptr: host-side parity
 };
 
+// The launchers' limits, for callers that check their arguments before any GPU work (the bench):
+// replay_step's and verify_step's window L (their shared memory and the flush's staging hold at most 64
+// records; verification also needs max(L, T) + 1 <= 64) and verify_step's draft counts T.
+inline constexpr int kMaxDecodeWindow = 64;
+inline constexpr int kVerifyDraftCounts[] = {1, 2, 4, 8};
+
 struct ReplayConfig {
-  int window = 16;                  // L
+  int window = 16;                  // L, 1 <= L <= kMaxDecodeWindow
   DeviceState recur;                // carries the recurrence (the paper's HP checkpoint: fp32, or fp16 with SR)
   DeviceState read;                 // read by non-flush steps when split (the LP checkpoint); unset: shared
   bool split() const { return read.payload != nullptr; }
@@ -151,7 +157,7 @@ void conventional_step(ssm::Recurrence kind, const DecodeShape& shape, const Ste
 void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream);
 
-// Speculative verification of T drafts (T in {1, 2, 4, 8}, T <= records.max_drafts): outputs for
+// Speculative verification of T drafts (T in kVerifyDraftCounts, T <= records.max_drafts): outputs for
 // the T positions, draft records written after the committed ones, flush when h + T > L. FP32
 // checkpoint (shared) only.
 void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, const StepInputs& in, const ReplayConfig& config,
