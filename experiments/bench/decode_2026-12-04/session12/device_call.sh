@@ -35,7 +35,7 @@ test_with() {
 # ab_rounds NEW OLD TAG BENCH-ARGS...: 2 rounds of the bench, NEW and OLD alternating, into TAG_{new,old}_ROUND.
 ab_rounds() {
   local new=$1 old=$2 tag=$3; shift 3
-  for round in 1 2; do
+  for round in $(seq 1 ${ROUNDS:-2}); do
     for lib in new old; do
       local L=$new; [ $lib = old ] && L=$old
       local t1=$SECONDS; LD_LIBRARY_PATH=$L timeout 150 $B/replayssm-bench bench "$@" --csv $R/${tag}_${lib}_$round.csv \
@@ -52,6 +52,11 @@ if [ "$MODE" = ab ]; then
   if test_with $NEW all || { NEW=$A/lib_records$SYS; test_with $NEW records; }; then
     echo "benching $NEW"
     ab_rounds $NEW $OLD main --shapes $SHAPES --batch 32 256 --window 16 --drafts 8
+    # Added in session 13: with lib_all benched, one round of lib_records (the non-flush part alone) against
+    # lib_base tells the two parts apart in the same call (`parts_{new,old}_1`).
+    if [ "$NEW" = "$A/lib_all$SYS" ] && [ $SECONDS -lt 330 ]; then
+      ROUNDS=1 ab_rounds $A/lib_records$SYS $OLD parts --shapes $SHAPES --batch 32 256 --window 16 --drafts 8
+    fi
   fi
 elif [ "$MODE" = verify ]; then
   # lib_verify_gdn (Mamba-2 and GDN flush tiles), or lib_verify (Mamba-2 only) if it fails its tests; against lib_all
