@@ -9,6 +9,7 @@
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh verify  # lib_verify: tests, A/B against lib_all
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh ncu     # Nsight source counters, memcheck
 #   bash experiments/bench/decode_2026-12-04/session12/device_call.sh targets # Nsight on the kernels behind the missed targets
+#   bash experiments/bench/decode_2026-12-04/session12/device_call.sh conv    # the conventional row split: tests, memcheck, A/B
 # `targets` (added in session 13) profiles the library TARGET_LIB (default lib_base, main's kernels; lib_all once it has
 # landed) and needs no test first: the kernels are the tested ones. Summary: python3 ncu_targets.py <results>/ncu_t_*.csv
 # It also times ours and vLLM's ReplaySSM kernel at B = 64 and 128 (carry .device/peers_vllm.tar.xz too).
@@ -17,12 +18,15 @@
 set -u
 MODE=${1:-ab}
 R=$OUT/r; mkdir -p $R
-PACK=.device/pack12.tar.xz; [ "$MODE" = verify ] && PACK=.device/pack12v.tar.xz
+PACK=.device/pack12.tar.xz; [ "$MODE" = verify ] && PACK=.device/pack12v.tar.xz; [ "$MODE" = conv ] && PACK=.device/pack13c.tar.xz
 mkdir -p .device/a && tar -C .device/a -xJf $PACK
 A=$PWD/.device/a; B=$A/bin
 nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt 2>&1
 SYS=""; if LD_LIBRARY_PATH=$A/lib_all ldd $B/replayssm-bench | grep -q "not found"; then SYS=":$A/sys"; fi
 NEW=$A/lib_all$SYS; OLD=$A/lib_base$SYS
+# `conv` (session 13, ../../decode_2026-12-05/): pack13c's lib_conv (conventional_row_split.patch on main) against lib_main
+# (main at cba4a95, whose kernels are 7d89d8f's), with that patch's own test binaries.
+[ "$MODE" = conv ] && { SYS=""; LD_LIBRARY_PATH=$A/lib_conv ldd $B/replayssm-bench | grep -q "not found" && SYS=":$A/sys"; NEW=$A/lib_conv$SYS; OLD=$A/lib_main$SYS; }
 SHAPES="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b"
 LD_LIBRARY_PATH=$NEW $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
 # test_with LIB NAME: test_decode_cuda with library LIB into test_NAME.txt; success status, failures shown.
@@ -67,6 +71,23 @@ elif [ "$MODE" = verify ]; then
     t1=$SECONDS; LD_LIBRARY_PATH=$V timeout 150 compute-sanitizer --tool memcheck $B/test_decode_cuda \
       -tc="*verification kernels*,*after verification commits*,*CUDA Graphs*" > $R/memcheck_verify.txt 2>&1
     echo "memcheck verify rc=$? $((SECONDS-t1))s"; tail -n 2 $R/memcheck_verify.txt
+  fi
+elif [ "$MODE" = conv ]; then
+  # The conventional kernels' row split: its tests (the conventional cases of both suites, which now include dv = 192),
+  # memcheck on them, then 2 A/B rounds against main on the shapes it changes (Qwen3.5, Kimi: dv = 128 split in two)
+  # and the two it leaves at one block per head (Super dv = 64, Nano dv = 80) as controls. Every other row runs
+  # the same kernels in both libraries: an A/A measure of the noise in the same run.
+  t1=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 150 $B/test_decode_kda_cuda -tc="*conventional*" > $R/test_kda_conv.txt 2>&1
+  echo "test_decode_kda_cuda conventional rc=$? $((SECONDS-t1))s $(tail -n 3 $R/test_kda_conv.txt | head -n 2 | tr '\n' ' ')"
+  kda_ok=0; grep -q "Status: SUCCESS" $R/test_kda_conv.txt && kda_ok=1
+  if test_with "$NEW" conv && [ $kda_ok = 1 ]; then
+    t1=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 120 compute-sanitizer --tool memcheck $B/test_decode_cuda -tc="*conventional*" \
+      > $R/memcheck_conv.txt 2>&1
+    echo "memcheck conventional rc=$? $((SECONDS-t1))s"; tail -n 2 $R/memcheck_conv.txt
+    ab_rounds $NEW $OLD conv --shapes qwen3.5-4b qwen3.5-122b-a10b kimi-linear-48b-a3b nemotron-3-super nemotron-3-nano-4b \
+      --batch 32 256 --window 16 --drafts 8
+  else
+    grep -B5 -A25 "ERROR" $R/test_kda_conv.txt | head -40
   fi
 elif [ "$MODE" = targets ]; then
   # Nsight Compute on the kernels behind the targets still missed (docs/BENCHMARKS.md, "Where issue 13's targets
