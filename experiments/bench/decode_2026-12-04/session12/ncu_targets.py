@@ -92,6 +92,13 @@ def main(argv):
         if ls is None:
             print(f"{path}: no launch profiled (see the matching ncu_t_bench_*.txt)")
             continue
+        # per kernel: launches, mean and largest duration (step_b32 alternates the flush and non-flush kernels)
+        per = {}
+        for l in ls.values():
+            per.setdefault(short_kernel(l["kernel"]), []).append(number(l["m"].get("Duration", "nan")))
+        for k, d in per.items():
+            print(f"{path.split('/')[-1]} {k}: {len(d)} launches, duration mean {sum(d) / len(d):,.0f} max {max(d):,.0f} "
+                  f"(units of the log's Duration)")
         for i, l in ls.items():
             m = l["m"]
             vals = " ".join(f"{label}={m[k]}" for k, label in KEYS if k in m)
