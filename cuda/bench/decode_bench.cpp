@@ -1082,8 +1082,11 @@ int run_decode_bench(const BenchOptions& o) {
         };
         const double v0 = verify_at(0);
         add(m, "verify output-only (no flush)", B, T, v0, bm.state() + bm.inputs(T) + T * bm.record(), conv_us);
-        const double v1 = verify_at(16 - T + 1);
-        add(m, "verify output-only (with flush)", B, T, v1, 2 * bm.state() + bm.inputs(T) + 16 * bm.record(), conv_us);
+        // With a flush at h = 16 - T + 1, the step reads the h committed records and writes the T drafts' records.
+        const int h_flush = 16 - T + 1;
+        const double v1 = verify_at(h_flush);
+        add(m, "verify output-only (with flush)", B, T, v1, 2 * bm.state() + bm.inputs(T) + (h_flush + T) * bm.record(),
+            conv_us);
         // Algorithm 3 (decode_verify_split.cu, written for clarity, not yet tuned): NVFP4 LP read
         // without a flush; with a flush the HP read, the fold and both writes.
         auto split_verify_at = [&](int h0) {
@@ -1098,8 +1101,8 @@ int run_decode_bench(const BenchOptions& o) {
         };
         add(m, "verify split nvfp4/fp32, LP read (no flush)", B, T, split_verify_at(0),
             bm.lowp_state(StorageFormat::nvfp4) + bm.inputs(T) + T * bm.record(), conv_us);
-        add(m, "verify split nvfp4/fp32 (with flush: both written)", B, T, split_verify_at(16 - T + 1),
-            2 * bm.state() + bm.lowp_state(StorageFormat::nvfp4) + bm.inputs(T) + 16 * bm.record(), conv_us);
+        add(m, "verify split nvfp4/fp32 (with flush: both written)", B, T, split_verify_at(h_flush),
+            2 * bm.state() + bm.lowp_state(StorageFormat::nvfp4) + bm.inputs(T) + (h_flush + T) * bm.record(), conv_us);
         if (kind == ssm::Recurrence::kda) continue;  // the snapshot baseline is written for scalar decays
         if (!snaps || snaps->n < ws.state_elems * T) snaps = std::make_unique<Buffer<float>>(ws.state_elems * max_drafts);
         const double sv = time_us(o.repeats, [&] {
