@@ -11,14 +11,18 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))  # this checkout's package
+from replayssm_py.files import output_refusal  # noqa: E402
 from replayssm_py.peers_fla import DEFAULT_BATCHES, run_fla_bench  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES))
-    ap.add_argument("--csv", default=None)
+    ap.add_argument("--csv", default=None, help="also write the times as CSV (atomically, at the end)")
+    ap.add_argument("--force", action="store_true", help="replace --csv if it exists (never done without it)")
     args = ap.parse_args(argv)
+    if args.csv and (why := output_refusal(args.csv, args.force, "--csv")):
+        ap.error(why)  # before fla loads or anything runs
     run_fla_bench(args.batch, args.csv, log=lambda line: print(line, flush=True))
     return 0
 

@@ -9,12 +9,12 @@ inputs, then timed with triton.testing.do_bench (median):
 Run it on the GPU machine in the same call as `replayssm-bench bench` so the ratios come from one run.
 """
 import argparse
-import csv
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))  # this checkout's package
 from replayssm_py import peers_flashinfer, peers_vllm  # noqa: E402
+from replayssm_py.files import output_refusal, write_csv_atomically  # noqa: E402
 from replayssm_py.peers_vllm import MAMBA2_SHAPES, run_vllm_bench  # noqa: E402
 
 
@@ -29,10 +29,13 @@ def main(argv=None):
     ap.add_argument("--shapes", nargs="+", default=list(MAMBA2_SHAPES), choices=list(MAMBA2_SHAPES))
     ap.add_argument("--batch", type=int, nargs="+", default=[32, 256])
     ap.add_argument("--window", type=int, default=16)
-    ap.add_argument("--csv", default=None)
+    ap.add_argument("--csv", default=None, help="also write the times as CSV (atomically, at the end)")
+    ap.add_argument("--force", action="store_true", help="replace --csv if it exists (never done without it)")
     args = ap.parse_args(argv)
     if any(b <= 0 for b in args.batch) or args.window < 1:
         ap.error(f"--batch and --window must be positive (got {args.batch}, {args.window})")
+    if args.csv and (why := output_refusal(args.csv, args.force, "--csv")):
+        ap.error(why)  # before any peer runs: a run must not end in a refused write, nor replace results
     peers = ("vllm", "flashinfer") if args.peers == "both" else (args.peers,)
     # Every requested extract is checked before any peer runs (and before torch loads).
     wanted = {"vllm": pathlib.Path(args.vllm) / peers_vllm._OPS / "mamba_ssm.py",
@@ -53,10 +56,7 @@ def main(argv=None):
         print(f"bench_peers.py: {e}", file=sys.stderr)
         return 2
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["model", "kernel", "batch", "us_per_step"])
-            w.writerows(rows)
+        write_csv_atomically(args.csv, ["model", "kernel", "batch", "us_per_step"], rows)
     return 0
 
 

@@ -7,12 +7,14 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "io/atomic_file.h"
 #include "util/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"replayssm-bench — the decode-kernel benchmark of replayssm (same as `replayssm bench`)"};
   app.set_version_flag("--version", replayssm::version_string(), "Print the toolkit version and git commit");
   app.require_subcommand(1);
+  replayssm::io::install_temp_cleanup_handlers();  // an interrupted --csv write leaves no temporary
   replayssm::cli::register_bench(app);
   try {
     app.parse(argc, argv);

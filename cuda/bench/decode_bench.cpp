@@ -9,11 +9,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -24,6 +24,8 @@
 
 #include "bench/bench_fill.h"
 #include "cuda_check.h"
+#include "io/atomic_file.h"
+#include "io/csv.h"
 #include "ssm/conventional_decode.h"
 #include "ssm/decode_kernels.h"
 #include "ssm/model_shapes.h"
@@ -864,13 +866,20 @@ std::vector<Row> scheme_table(const BenchOptions& o, DeviceArena& arena, double 
   return rows;
 }
 
-void write_csv(const std::string& path, const std::vector<Row>& rows, double copy_gbps) {
+// The text fields are quoted (io/csv.h, RFC 4180) because kernel labels hold commas ("nvfp4 read
+// skip=auto, 50% skip ..."): written bare until 2026-12-05, those rows had one field more than the header,
+// and a CSV reader shifted their later columns by one. Written atomically (io/atomic_file.h); the CLI has
+// refused an existing file without --force before any GPU work.
+void write_csv(const std::string& path, const std::vector<Row>& rows, double copy_gbps, bool force) {
   if (path.empty()) return;
-  std::ofstream csv(path);
+  std::ostringstream csv;
   csv << "model,kernel,batch,param,us_per_step,bytes_per_step,gbps,pct_copy,speedup_vs_reference,copy_gbps\n";
   for (const Row& r : rows)
-    csv << fmt::format("{},{},{},{},{:.3f},{:.0f},{:.1f},{:.2f},{:.4f},{:.1f}\n", r.model, r.kernel, r.batch, r.param, r.us,
-                       r.bytes, r.gbps, r.pct_copy, r.speedup, copy_gbps);
+    csv << fmt::format("{},{},{},{},{:.3f},{:.0f},{:.1f},{:.2f},{:.4f},{:.1f}\n", io::csv_text(r.model),
+                       io::csv_text(r.kernel), r.batch, r.param, r.us, r.bytes, r.gbps, r.pct_copy, r.speedup, copy_gbps);
+  io::AtomicFile out(path, /*replace_existing=*/force);
+  out.write(csv.str());
+  out.commit();
 }
 
 }  // namespace
@@ -925,7 +934,7 @@ int run_decode_bench(const BenchOptions& o) {
               prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbps);
   if (o.heads_per_block > 0) std::printf("# standard replay step: %d value heads per block (--heads-per-block)\n", o.heads_per_block);
   if (o.schemes) {  // figure 7 alone
-    write_csv(o.csv_out, scheme_table(o, arena, copy_gbps), copy_gbps);
+    write_csv(o.csv_out, scheme_table(o, arena, copy_gbps), copy_gbps, o.force);
     return 0;
   }
   std::vector<Row> rows;
@@ -1112,7 +1121,7 @@ int run_decode_bench(const BenchOptions& o) {
       }
     }
   }
-  write_csv(o.csv_out, rows, copy_gbps);
+  write_csv(o.csv_out, rows, copy_gbps, o.force);
   return 0;
 }
 

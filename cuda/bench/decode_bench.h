@@ -14,7 +14,8 @@ struct BenchOptions {
   std::vector<int> windows = {8, 16, 32};
   std::vector<int> drafts = {1, 2, 4, 8};
   int repeats = 15;            // timed repetitions (median reported)
-  std::string csv_out;         // optional: every measurement as CSV
+  std::string csv_out;         // optional: every measurement as CSV (RFC 4180: text fields quoted)
+  bool force = false;          // replace csv_out when it exists (the CLI refuses it otherwise, before any GPU work)
   bool check = true;           // run one correctness check of each kernel before timing
   // Value heads per block of the standard replay step (ReplayConfig::heads_per_block; 0: the
   // launcher's choice). Verification keeps the launcher's choice.

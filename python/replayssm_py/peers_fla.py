@@ -7,7 +7,7 @@ C++ bench. Needs the `bench` extra (torch, triton, flash-linear-attention) and a
   Mamba-2 shapes: fla.ops.simple_gla.fused_recurrent_simple_gla (head-wise scalar decay; keys and
                   queries expanded to the value heads, as that kernel has no GQA)
 """
-import csv
+from .files import write_csv_atomically
 
 SHAPES = {  # name: (kind, key heads, value heads, dk, dv)   REPLAYSSM.md section 8
     "nemotron-3-nano-4b": ("mamba2", 8, 96, 128, 80),
@@ -63,9 +63,6 @@ def run_fla_bench(batches=DEFAULT_BATCHES, csv_path=None, log=print):
             bytes_ = 2 * state.numel() * 4
             rows.append((name, label, B, us, bytes_))
             log(f"| {name} | {label} | {B} | {us:.2f} | {bytes_ / 1e6:.2f} | {bytes_ / (us * 1e-6) / 1e9:.0f} |")
-    if csv_path:
-        with open(csv_path, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["model", "kernel", "batch", "us_per_step", "bytes_per_step"])
-            w.writerows(rows)
+    if csv_path:  # the caller checked it before the run (scripts/bench_fla.py: files.output_refusal)
+        write_csv_atomically(csv_path, ["model", "kernel", "batch", "us_per_step", "bytes_per_step"], rows)
     return rows

@@ -27,7 +27,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--window", o->windows, "windows L")->capture_default_str();
   cmd->add_option("--drafts", o->drafts, "draft counts T for verification (1, 2, 4, 8)")->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "timed repetitions per measurement (median reported)")->capture_default_str();
-  cmd->add_option("--csv", o->csv_out, "also write every measurement as CSV");
+  cmd->add_option("--csv", o->csv_out, "also write every measurement as CSV (written atomically at the end)");
+  cmd->add_flag("--force", o->force, "replace --csv if it exists (never done without it)");
   cmd->add_flag("--no-check{false}", o->check,
                 "skip the validation of each kernel against the CPU decoders that runs before it is timed");
   cmd->add_option("--heads-per-block", o->heads_per_block,
@@ -60,6 +61,9 @@ void register_bench(CLI::App& app) {
                                       "' has KDA (channel-wise) decays; the prior schemes and the snapshot baseline "
                                       "are written for Mamba-2 and GDN shapes");
     }
+    // The output is checked before any GPU work, like the options (check_bench_options): a run of
+    // minutes must not end in a refused write, nor replace an earlier run's results.
+    if (!o->csv_out.empty()) check_outputs({{"--csv", o->csv_out}}, {}, o->force, "bench");
     cuda::run_decode_bench(*o);
   });
 #else

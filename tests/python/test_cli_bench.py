@@ -3,6 +3,7 @@ option, what it accepts and the value. A bad command line on the GPU machine the
 and never times a kernel or prints a time. Without --repeats >= 1 the median had no sample to take.
 Here, without a GPU, any GPU work would fail first with a CUDA error instead of the refusal. A build
 without CUDA refuses every bench run, so these tests skip there."""
+import csv
 import subprocess
 
 import pytest
@@ -11,7 +12,7 @@ from conftest import replayssm_binary
 
 
 def bench(*args):
-    r = subprocess.run([replayssm_binary(), "bench", *args], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([replayssm_binary(), "bench", *args], capture_output=True, text=True, timeout=600)
     if r.returncode == 2 and "no CUDA kernels" in r.stderr:
         pytest.skip("this build has no CUDA kernels (configure with -DREPLAYSSM_CUDA=ON)")
     return r
@@ -40,3 +41,42 @@ def test_the_schemes_table_checks_its_options_too():
     r = bench("--schemes", "--drafts", "2", "5")
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "bench --drafts T must be one of 1, 2, 4, 8" in r.stderr, r.stderr
+
+
+def test_an_existing_csv_is_refused_before_any_gpu_work(tmp_path):
+    """Results are never silently replaced: the old bench opened --csv with std::ofstream at the end of the run
+    and truncated whatever was there. The refusal comes before any GPU work, like the options'."""
+    old = tmp_path / "bench.csv"
+    old.write_text("an earlier run's results\n")
+    r = bench("--csv", str(old))
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert f"--csv '{old}': exists; refusing to overwrite a result (use --force to replace it)" in r.stderr, r.stderr
+    assert old.read_text() == "an earlier run's results\n"
+    r = bench("--csv", str(tmp_path / "missing" / "bench.csv"))
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "the directory" in r.stderr and "does not exist (create it first)" in r.stderr, r.stderr
+
+
+def test_forced_csv_is_replaced_whole_or_not_at_all_and_reads_back_with_pythons_csv(tmp_path):
+    """With --force: without a GPU the run fails before it measures anything, and the earlier file is intact (the
+    CSV is written atomically at the end). With a GPU (the device machine) the file is replaced by the run's
+    table, which Python's csv reader (the independent oracle) reads as rows of the header's 10 fields, the
+    kernel labels that hold commas intact: until 2026-12-05 those were written bare, one field too many."""
+    old = tmp_path / "bench.csv"
+    old.write_text("an earlier run's results\n")
+    r = bench("--csv", str(old), "--force", "--shapes", "nemotron-3-super", "--batch", "1", "--window", "4",
+              "--drafts", "2", "--repeats", "1")
+    assert "refusing to overwrite" not in r.stderr, r.stderr
+    assert not list(tmp_path.glob(".bench.csv.tmp-*")), "a temporary was left behind"
+    if r.returncode != 0:  # no GPU here: nothing measured, nothing written
+        assert "CUDA" in r.stderr or "cuda" in r.stderr, r.stderr
+        assert old.read_text() == "an earlier run's results\n"
+        return
+    with open(old, newline="") as f:
+        rows = list(csv.reader(f))
+    header, body = rows[0], rows[1:]
+    assert header[:2] == ["model", "kernel"] and len(header) == 10, header
+    assert body and all(len(row) == len(header) for row in body), [row for row in body if len(row) != len(header)]
+    labels = {row[1] for row in body}
+    assert "nvfp4 read skip=auto, 50% skip (x no skip)" in labels, sorted(labels)
+    assert all(float(row[4]) > 0 and int(row[2]) == 1 for row in body)  # us_per_step, batch

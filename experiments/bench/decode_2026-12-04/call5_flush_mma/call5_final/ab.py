@@ -1,11 +1,15 @@
-# ab_summary.txt from main_{new,old}_*.csv (xz -d them first): old us, new us, new/old, min over rounds.
-# Usage: python3 ab.py [kernel regex]
-import csv,sys,re,glob,collections
+# ab_summary.txt from main_{new,old}_*.csv[.xz]: old us, new us, new/old, min over rounds.
+# Usage: python3 ab.py [kernel regex]   (in the folder of the CSVs; rows read by ../../../bench_csv.py,
+# which mends the rows whose kernel label holds a comma, written bare by the bench before 2026-12-05)
+import sys,re,glob,pathlib
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
+from bench_csv import read_bench_csv
 pat=sys.argv[1] if len(sys.argv)>1 else '.'
 d={}
 for v in ('new','old'):
-    for f in sorted(glob.glob(f'main_{v}_*.csv')):
-        for r in csv.DictReader(open(f)):
+    files=sorted(glob.glob(f'main_{v}_*.csv')) or sorted(glob.glob(f'main_{v}_*.csv.xz'))
+    for f in files:
+        for r in read_bench_csv(f):
             k=(v,r['model'],r['kernel'],r['batch'],r['param'])
             d[k]=min(d.get(k,1e30),float(r['us_per_step']))
 keys=sorted({k[1:] for k in d})
