@@ -18,14 +18,15 @@
 set -u
 MODE=${1:-ab}
 R=$OUT/r; mkdir -p $R
-PACK=.device/pack12.tar.xz; [ "$MODE" = verify ] && PACK=.device/pack12v.tar.xz; [ "$MODE" = conv ] && PACK=.device/pack13c.tar.xz
+PACK=.device/pack12.tar.xz; [ "$MODE" = verify ] && PACK=.device/pack12v.tar.xz; [ "$MODE" = conv ] && PACK=.device/pack14c.tar.xz
 mkdir -p .device/a && tar -C .device/a -xJf $PACK
 A=$PWD/.device/a; B=$A/bin
 nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt 2>&1
 SYS=""; if LD_LIBRARY_PATH=$A/lib_all ldd $B/replayssm-bench | grep -q "not found"; then SYS=":$A/sys"; fi
 NEW=$A/lib_all$SYS; OLD=$A/lib_base$SYS
-# `conv` (session 13, ../../decode_2026-12-05/): pack13c's lib_conv (conventional_row_split.patch on main) against lib_main
-# (main at cba4a95, whose kernels are 7d89d8f's), with that patch's own test binaries.
+# `conv` (session 13, ../../decode_2026-12-05/): pack14c's lib_conv (conventional_row_split.patch on main) against lib_main
+# (main at c671731, whose kernels are 7d89d8f's), with that patch's own test binaries and bench (session 14 rebuilt
+# pack13c as pack14c: the bench's options struct gained a field, so binary and libraries must come from one commit).
 [ "$MODE" = conv ] && { SYS=""; LD_LIBRARY_PATH=$A/lib_conv ldd $B/replayssm-bench | grep -q "not found" && SYS=":$A/sys"; NEW=$A/lib_conv$SYS; OLD=$A/lib_main$SYS; }
 SHAPES="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b"
 LD_LIBRARY_PATH=$NEW $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
@@ -77,6 +78,11 @@ elif [ "$MODE" = conv ]; then
   # memcheck on them, then 2 A/B rounds against main on the shapes it changes (Qwen3.5, Kimi: dv = 128 split in two)
   # and the two it leaves at one block per head (Super dv = 64, Nano dv = 80) as controls. Every other row runs
   # the same kernels in both libraries: an A/A measure of the noise in the same run.
+  # First, the bench's own CLI on this GPU with main's library (pack14c is built at c671731): the option and
+  # --csv refusals, and a short forced run whose CSV Python's csv module must read as rows of 10 fields.
+  t1=$SECONDS; REPLAYSSM_BIN=$B/replayssm-bench LD_LIBRARY_PATH=$OLD timeout 120 python3 -m pytest -q -p no:cacheprovider \
+    tests/python/test_cli_bench.py tests/python/test_bench_outputs.py > $R/test_cli_bench.txt 2>&1
+  echo "test_cli_bench rc=$? $((SECONDS-t1))s $(tail -n 1 $R/test_cli_bench.txt)"
   t1=$SECONDS; LD_LIBRARY_PATH=$NEW timeout 150 $B/test_decode_kda_cuda -tc="*conventional*" > $R/test_kda_conv.txt 2>&1
   echo "test_decode_kda_cuda conventional rc=$? $((SECONDS-t1))s $(tail -n 3 $R/test_kda_conv.txt | head -n 2 | tr '\n' ' ')"
   kda_ok=0; grep -q "Status: SUCCESS" $R/test_kda_conv.txt && kda_ok=1
