@@ -82,7 +82,8 @@ struct ReplayShared {
   float* keys;     // [stride][key_stride] (flush only)
   float* fold;     // [kWarps][kFoldRows][key_stride] (flush at dk = 128)
   float* query;    // [2][DK] q_t, k_t (flush at dk = 128)
-  float* vals;     // [NH][stride][dv] record vectors (flush: pre-multiplied by w unless u is recomputed)
+  float* vals;     // flush: [NH][stride][dv] record vectors, pre-multiplied by w unless u is recomputed;
+                   // non-flush: [staged][NH dv] as the ring stores them (Mamba-2 bf16, GDN fp32 u)
   float* a;        // [NH][stride] decays
   float* w;        // [NH][stride] decay weights prod_{l>p} a_l
   float* beta;     // [NH][stride] (GDN flush)
@@ -331,6 +332,63 @@ __device__ __forceinline__ void append_record(const ReplayArgs& A, const BlockGe
 // The shapes the tensor-core NVFP4 read (mma_read.cuh) serves: dk = 128, and 16-row tiles that never
 // straddle two heads (dv % 16 == 0). Mamba-2 and GDN only: KDA's kernels have no tensor-core read.
 __host__ __device__ constexpr bool tensor_core_read_serves(int dk, int dv) { return dk == 128 && dv % 16 == 0; }
+
+// 16 bytes global -> shared without registers (cp.async), zero-filled when !valid (src not read). Both
+// addresses 16-byte aligned. The flush kernel streams its checkpoint rows this way, the non-flush kernel
+// its window's records.
+__device__ __forceinline__ void copy_async16(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// The window's record vectors, position-major as stored: vals[p][NH dv] for p < staged,
+// Mamba-2's v in bf16 (position h0 is the current token's v) and GDN's cached u in fp32. A ring slot
+// holds the block's NH heads' vectors as one contiguous run (decode_kernels.h), as StepInputs::v does,
+// so each 16-byte piece needs one address and goes global -> shared by cp.async: no registers, no
+// conversion, no per-element index math. (The element-wise staging with index math per piece it
+// replaces was the largest of the non-flush block's fixed costs in Nsight Compute, experiments/bench/
+// decode_2026-12-04/session11/.) The caller waits for the copies (copy_async_wait_all) before the barrier
+// ahead of its fold. Runs that are not 16-byte aligned take an element-wise copy into the same layout.
+// Non-flush blocks and the streamed flush (decode_replay_flush.cu, which weights them at use) stage this way.
+template <ssm::Recurrence K>
+__device__ __forceinline__ void stage_window_records(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
+                                                     float* vals, int h0, int staged) {
+  using V = std::conditional_t<K == ssm::Recurrence::mamba2, __nv_bfloat16, float>;
+  constexpr int kPiece = 16 / static_cast<int>(sizeof(V));
+  const int run = bg.NH * bg.dv;  // values per position
+  V* const dst = reinterpret_cast<V*>(vals);
+  const auto src_of = [&](int p) -> const V* {
+    if constexpr (K == ssm::Recurrence::mamba2) {
+      if (p == h0) return A.in.v + (static_cast<std::size_t>(bg.b) * bg.H + bg.head0) * bg.dv;
+      return A.rec.v + (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0) * bg.dv;
+    } else {
+      return A.rec.u + (ring_slot(A.rec, bg.b, win, p) * bg.H + bg.head0) * bg.dv;
+    }
+  };
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
+  // Every run starts 16-byte aligned when the bases are and runs, row strides and head offsets are whole pieces.
+  const V* const ring = K == ssm::Recurrence::mamba2 ? reinterpret_cast<const V*>(A.rec.v) : reinterpret_cast<const V*>(A.rec.u);
+  const bool pieces = run % kPiece == 0 && (bg.H * bg.dv) % kPiece == 0 && (bg.head0 * bg.dv) % kPiece == 0 &&
+                      aligned(ring) && aligned(dst) && (K != ssm::Recurrence::mamba2 || aligned(A.in.v));
+  if (pieces) {
+    const int per_position = run / kPiece;
+    // SmallDiv's range (d <= 2^10, x < 2^20 with staged <= 64); a forced wider block divides.
+    const bool small = per_position <= 1024;
+    const SmallDiv position_of(per_position);
+    for (int i = threadIdx.x; i < staged * per_position; i += kThreads) {
+      const int p = small ? position_of(i) : i / per_position, piece = i - p * per_position;
+      copy_async16(dst + static_cast<std::size_t>(p) * run + piece * kPiece, src_of(p) + piece * kPiece, true);
+    }
+    copy_async_commit();
+  } else {
+    for (int i = threadIdx.x; i < staged * run; i += kThreads) {
+      const int p = i / run, e = i - p * run;
+      dst[i] = src_of(p)[e];
+    }
+  }
+}
 
 // Non-flush grids of at least this many blocks per SM take the wide blocks (decode_replay.cu) and, with
 // ReplayConfig::ReadPath::automatic, the tensor-core NVFP4 read (decode_replay_nonflush.cu). Smaller

@@ -128,10 +128,10 @@ __device__ __forceinline__ void fold_row_dots(const float (&acc)[kMmaTiles][4], 
     for (int odd = 0; odd < 2; ++odd) dot[odd] += __shfl_xor_sync(kFullMask, dot[odd], mask);
 }
 
-// acc += the staged records' rank-`staged` update for the warp's rows row0 .. row0 + 7 of one head
-// (`vals`: the head's V' = w_p v_p, [staged][dv]).
-template <int DK>
-__device__ __forceinline__ void fold_records_mma(float (&acc)[kMmaTiles][4], const float* keys, const float* vals, int dv,
+// acc += the staged records' rank-`staged` update for the warp's rows row0 .. row0 + 7 of one head:
+// coef(p, row) = w_p v_p[row], the coefficient of record p for a row of the head (row < dv).
+template <int DK, class Coefficient>
+__device__ __forceinline__ void fold_records_mma(float (&acc)[kMmaTiles][4], const float* keys, Coefficient&& coef, int dv,
                                                  int row0, int staged) {
   constexpr int KS = flush_key_stride(DK);
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -139,8 +139,8 @@ __device__ __forceinline__ void fold_records_mma(float (&acc)[kMmaTiles][4], con
   for (int r0 = 0; r0 < staged; r0 += 8) {
     const int ra = r0 + t, rb = r0 + t + 4;  // the lane's records: K index t and t + 4
     const bool va = ra < staged, vb = rb < staged;
-    const float ca = va && row_valid ? vals[ra * dv + row0 + g] : 0.0f;
-    const float cb = vb && row_valid ? vals[rb * dv + row0 + g] : 0.0f;
+    const float ca = va && row_valid ? coef(ra, row0 + g) : 0.0f;
+    const float cb = vb && row_valid ? coef(rb, row0 + g) : 0.0f;
     const uint32_t ca_hi = to_tf32(ca), cb_hi = to_tf32(cb);
     const uint32_t ca_lo = to_tf32(ca - __uint_as_float(ca_hi)), cb_lo = to_tf32(cb - __uint_as_float(cb_hi));
 #pragma unroll
@@ -176,7 +176,7 @@ __device__ __forceinline__ void fold_window_mma(float (*x)[FlushRows<DK>::P][4],
   __syncwarp();
   float acc[kMmaTiles][4];
   fold_accumulators_from_buffer<DK>(buf, gamma, acc);
-  fold_records_mma<DK>(acc, sh.keys, vals, dv, row0, staged);
+  fold_records_mma<DK>(acc, sh.keys, [&](int p, int row) { return vals[p * dv + row]; }, dv, row0, staged);
   __syncwarp();
 #pragma unroll
   for (int c = 0; c < kMmaTiles / 2; ++c)
@@ -190,14 +190,6 @@ __device__ __forceinline__ void fold_window_mma(float (*x)[FlushRows<DK>::P][4],
     x[j][0][0] = v.x, x[j][0][1] = v.y, x[j][0][2] = v.z, x[j][0][3] = v.w;
   }
 }
-
-// 16 bytes global -> shared without registers (cp.async), zero-filled when !valid (src not read).
-__device__ __forceinline__ void copy_async16(float* dst, const float* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // Starts loading the warp's tile of 8 rows from `rows` (an FP32 checkpoint, dk columns per row) into its
 // buffer; rows at or past `valid` are zero-filled instead of read.
@@ -269,7 +261,17 @@ __device__ __forceinline__ void flush_tile(const ReplayArgs& A, const BlockGeome
     const float* const rows = flush_tile_rows<DK>(A, bg, next, valid);
     prefetch_fold_tile<DK>(rows, valid, buf);
   }
-  fold_records_mma<DK>(acc, sh.keys, sh.vals + static_cast<std::size_t>(n) * sh.stride * dv, dv, row0, staged);
+  // The records as the ring stores them (stage_window_records: Mamba-2 bf16 v, GDN fp32 u, [p][NH dv]), each
+  // weighted here: w_p v_p[row], the same single product the weighted staging stored.
+  fold_records_mma<DK>(
+      acc, sh.keys,
+      [&](int p, int row) {
+        const int at = (p * bg.NH + n) * dv + row;
+        const float w = sh.w[n * sh.stride + p];
+        if constexpr (K == ssm::Recurrence::mamba2) return w * __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(sh.vals)[at]);
+        else return w * sh.vals[at];
+      },
+      dv, row0, staged);
   if constexpr (K == ssm::Recurrence::gdn) {
     // The current token: u = beta (v - a S k), S <- a S + u k^T, u kept in the ring (as replay_flush_head).
     const float* const k_s = sh.query + DK;
@@ -553,6 +555,9 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
       const float* const rows = flush_tile_rows<DK>(A, bg, first, valid);
       prefetch_fold_tile<DK>(rows, valid, sh.fold + static_cast<std::size_t>(threadIdx.x / 32) * kFoldRows * flush_key_stride(DK));
     }
+    // The window's records as stored, by cp.async (no registers, no barrier on the decay weights first):
+    // flush_tile weights them at use.
+    stage_window_records<K>(A, bg, win, sh.vals, h0, staged);
     if (threadIdx.x < DK) {  // q_t, and k_t after it (GDN's current token)
       const bool key = threadIdx.x >= DK / 2;
       const int i = threadIdx.x % (DK / 2);
@@ -577,9 +582,13 @@ __device__ void replay_flush_block(const ReplayArgs& A, const BlockGeometry& bg,
         *reinterpret_cast<float2*>(sh.keys + p * flush_key_stride(DK) + c) = x;
       });
   stage_decay_weights(A, bg, win, sh, h0, staged, K == ssm::Recurrence::gdn);
-  __syncthreads();  // weights ready: the record vectors are staged as V'[p][r] = w_p v_p[r]
-  stage_record_vectors<K, chunked_flush_records<K, DK, kExtras>()>(A, bg, win, sh.vals, sh.stride, h0, staged, recompute_u, recompute_u ? nullptr : sh.w,
-                          skip_on ? sh.skip : nullptr);
+  if constexpr (kStreamed) {
+    copy_async_wait_all();  // this thread's record pieces; the barrier publishes everyone's
+  } else {
+    __syncthreads();  // weights ready: the record vectors are staged as V'[p][r] = w_p v_p[r]
+    stage_record_vectors<K, chunked_flush_records<K, DK, kExtras>()>(A, bg, win, sh.vals, sh.stride, h0, staged, recompute_u,
+                                                                    recompute_u ? nullptr : sh.w, skip_on ? sh.skip : nullptr);
+  }
   __syncthreads();
   if constexpr (kStreamed) {
     flush_rows_pipelined<K, DK>(A, bg, win, sh, staged);

@@ -59,14 +59,15 @@ __device__ __forceinline__ MmaReadUnit load_mma_unit(const HeadView& rv, const f
   return u;
 }
 
-// Record phase of the non-flush step: record vectors, decay weights, key products (c1_p = k_p . q_t;
-// GDN c2_p = k_p . k_t). Ends without a barrier: the checkpoint stream that follows does not read them.
+// Record phase of the non-flush step: decay weights and key products (c1_p = k_p . q_t; GDN c2_p =
+// k_p . k_t); the record vectors are already in flight (stage_window_records). Ends without a barrier:
+// the checkpoint stream that follows does not read them.
 template <ssm::Recurrence K, int DK>
 __device__ __forceinline__ void nonflush_record_phase(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
                                                       const ReplayShared& sh, int h0, int staged, const __nv_bfloat16* q_t,
                                                       const __nv_bfloat16* k_t) {
   const int lane = threadIdx.x % 32;
-  stage_record_vectors<K, true>(A, bg, win, sh.vals, sh.stride, h0, staged, false, nullptr);
+  stage_window_records<K>(A, bg, win, sh.vals, h0, staged);
   stage_decay_weights(A, bg, win, sh, h0, staged, false);
   using KT = Tile<StorageFormat::fp32, DK>;
   float qf[KT::P][4], kf[KT::P][4];
@@ -76,6 +77,73 @@ __device__ __forceinline__ void nonflush_record_phase(const ReplayArgs& A, const
       staged,
       [&](int p) { return p == h0 ? k_t : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK; }, &qf, &kf,
       [&](int p, int i, float sum) { (i == 0 ? sh.c1 : sh.c2)[p] = sum; });
+}
+
+// The fold of kR adjacent rows idx .. idx + kR - 1 of head n (kR = 2 needs dv even, so both rows are the
+// head's) from the staged records: Mamba-2 o = gamma (S q) + sum_p w_p c1_p v_p; GDN the corrections
+// and u_t (replay_nonflush_block's comment). Each row's sums in the order of the CPU decoders' fold.
+template <ssm::Recurrence K, int kR>
+__device__ __forceinline__ void fold_rows(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
+                                          const ReplayShared& sh, int idx, int n, int h0, int staged, bool skip, float kq_t) {
+  const int L = sh.stride, dv = bg.dv, run = bg.NH * dv, r = idx - n * dv;
+  const std::size_t hb = static_cast<std::size_t>(bg.b) * bg.H + bg.head0 + n;
+  const float* const c1n = sh.w + n * L;  // w_p c1_p (the coefficient pass)
+  const float gamma = sh.gamma[n];
+  float rec[kR];
+  const auto load_records = [&](int p) {
+    if constexpr (K == ssm::Recurrence::mamba2) {
+      const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(sh.vals) + static_cast<std::size_t>(p) * run + idx;
+      if constexpr (kR == 2) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v));
+        rec[0] = f.x, rec[1] = f.y;
+      } else {
+        rec[0] = __bfloat162float(v[0]);
+      }
+    } else {
+      const float* u = sh.vals + static_cast<std::size_t>(p) * run + idx;
+      if constexpr (kR == 2) {
+        const float2 f = *reinterpret_cast<const float2*>(u);
+        rec[0] = f.x, rec[1] = f.y;
+      } else {
+        rec[0] = u[0];
+      }
+    }
+  };
+  if constexpr (K == ssm::Recurrence::mamba2) {
+    float o[kR];
+#pragma unroll
+    for (int j = 0; j < kR; ++j) o[j] = skip ? 0.0f : gamma * sh.rows1[idx + j];  // skipped: REPLAY(0, B[1:h+1]) q
+    for (int p = 0; p < staged; ++p) {
+      load_records(p);
+      const float c = c1n[p];
+#pragma unroll
+      for (int j = 0; j < kR; ++j) o[j] = fmaf(c, rec[j], o[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kR; ++j) A.in.out[hb * dv + r + j] = o[j];
+  } else if (!skip) {  // a skipped GDN head recomputes every u from zero: the flush kernel serves it
+    const float* const c2n = sh.a + n * L;  // w_p c2_p
+    float sq[kR], sk[kR];
+#pragma unroll
+    for (int j = 0; j < kR; ++j) sq[j] = gamma * sh.rows1[idx + j], sk[j] = gamma * sh.rows2[idx + j];
+    for (int p = 0; p < staged; ++p) {
+      load_records(p);
+      const float c1 = c1n[p], c2 = c2n[p];
+#pragma unroll
+      for (int j = 0; j < kR; ++j) {
+        sq[j] = fmaf(c1, rec[j], sq[j]);
+        sk[j] = fmaf(c2, rec[j], sk[j]);
+      }
+    }
+    const float a_t = A.in.alpha[hb], beta_t = A.in.beta[hb];
+    float* const u_out = A.rec.u + (ring_slot(A.rec, bg.b, win, h0) * bg.H + bg.head0 + n) * dv + r;
+#pragma unroll
+    for (int j = 0; j < kR; ++j) {
+      const float u = beta_t * (__bfloat162float(A.in.v[hb * dv + r + j]) - a_t * sk[j]);
+      A.in.out[hb * dv + r + j] = fmaf(a_t, sq[j], u * kq_t);
+      u_out[j] = u;
+    }
+  }
 }
 
 // Non-flush step of NH heads: output-only from the read checkpoint (LP when split, else the recur copy).
@@ -220,6 +288,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   }
   float kq_t = 0.0f;
   if (K == ssm::Recurrence::gdn) kq_t = warp_dot_bf16<DK>(k_t, q_t, lane);
+  copy_async_wait_all();  // this thread's record pieces (stage_window_records); the barrier publishes everyone's
   __syncthreads();
   // The fold's coefficients once per (head, position), not once per row: w_p c1_p in place of w_p and,
   // for GDN, w_p c2_p in place of the decays (not read again). The same products, bit for bit.
@@ -230,30 +299,18 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
     if (K == ssm::Recurrence::gdn) sh.a[n * L + p] = w * sh.c2[p];
   }
   __syncthreads();
-  // One thread per (head, row): fold the staged records.
-  for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
-    const int n = head_of_row(idx), r = idx - n * dv;
-    const std::size_t hb = hb0 + n;
-    const float* vn = sh.vals + static_cast<std::size_t>(n) * L * dv + r;
-    const float* c1n = sh.w + n * L;
-    const float gamma = sh.gamma[n];
-    const bool skip = skip_on && sh.skip[n] != 0.0f;
-    if (K == ssm::Recurrence::mamba2) {
-      float o = skip ? 0.0f : gamma * sh.rows1[idx];  // skipped: REPLAY(0, B[1:h+1]) q
-      for (int p = 0; p < staged; ++p) o = fmaf(c1n[p], vn[p * dv], o);
-      A.in.out[hb * dv + r] = o;
-    } else if (!skip) {  // a skipped GDN head recomputes every u from zero: the flush kernel serves it
-      const float* c2n = sh.a + n * L;
-      float sq = gamma * sh.rows1[idx], sk = gamma * sh.rows2[idx];
-      for (int p = 0; p < staged; ++p) {
-        const float up = vn[p * dv];
-        sq = fmaf(c1n[p], up, sq);
-        sk = fmaf(c2n[p], up, sk);
-      }
-      const float a_t = A.in.alpha[hb];
-      const float u = A.in.beta[hb] * (__bfloat162float(A.in.v[hb * dv + r]) - a_t * sk);
-      A.in.out[hb * dv + r] = fmaf(a_t, sq, u * kq_t);
-      A.rec.u[(ring_slot(A.rec, bg.b, win, h0) * bg.H + bg.head0 + n) * dv + r] = u;
+  // The fold: two rows per thread where dv is even (one 4-byte bf16 pair or 8-byte u pair per position),
+  // except in the FP32-read and appendix-F instances, where ptxas spilled with two (sm_90: 16-92 B).
+  constexpr bool kPairs = R != StorageFormat::fp32 && !kSkip;
+  if (kPairs && dv % 2 == 0) {
+    for (int idx = 2 * threadIdx.x; idx < rows_total; idx += 2 * kThreads) {
+      const int n = head_of_row(idx);
+      fold_rows<K, 2>(A, bg, win, sh, idx, n, h0, staged, skip_on && sh.skip[n] != 0.0f, kq_t);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
+      const int n = head_of_row(idx);
+      fold_rows<K, 1>(A, bg, win, sh, idx, n, h0, staged, skip_on && sh.skip[n] != 0.0f, kq_t);
     }
   }
 }
