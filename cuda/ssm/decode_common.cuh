@@ -29,13 +29,29 @@ struct Geometry {
   std::size_t hb;      // b * H + head
 };
 
-__device__ __forceinline__ Geometry geometry(const DecodeShape& s) {
+// Value head `head` of sequence blockIdx.y; geometry(s): one block per value head (head = blockIdx.x).
+__device__ __forceinline__ Geometry geometry_of_head(const DecodeShape& s, int head) {
   Geometry q;
   q.H = s.value_heads, q.G = s.key_heads, q.hpg = s.value_heads / s.key_heads, q.dk = s.dk, q.dv = s.dv;
-  q.head = blockIdx.x, q.b = blockIdx.y;
+  q.head = head, q.b = blockIdx.y;
   q.g = q.head / q.hpg, q.vh = q.head % q.hpg;
   q.hb = static_cast<std::size_t>(q.b) * q.H + q.head;
   return q;
+}
+__device__ __forceinline__ Geometry geometry(const DecodeShape& s) { return geometry_of_head(s, blockIdx.x); }
+
+// The conventional kernels' row split: an FP32 head's dv rows over `conventional_row_parts` blocks of 64
+// rows where dv is a multiple of 64 above it, else one block per head. A block streams its rows once, so
+// the grid's last blocks leave SMs idle for about half a block's time at the end of the step; blocks of
+// 64 FP32 rows at dk = 128 (32 KB, Nemotron-3-Super's head, 92.8% of copy bandwidth at B = 256) shorten
+// that tail for the 128-row heads of Qwen3.5 and Kimi Linear (88.9-91.0% with one 64-KB block per head).
+// FP16/BF16 heads of 128 rows are 32 KB already; split as well, the Qwen3.5 ones ran 4-9% slower on the
+// H200 (2026-12-05), so they keep one block per head and their kernels compile to the unsplit code. Rows
+// are independent in every recurrence here, so the split changes no value. The Mamba-2/GDN kernel
+// (decode_conventional.cu) splits; KDA's (decode_kda_conventional.cu) keeps one block per head: its split
+// was 3% faster on Kimi Linear, but the build that would land differs from the one measured.
+inline int conventional_row_parts(const DecodeShape& s, formats::StorageFormat f) {
+  return f == formats::StorageFormat::fp32 && s.dv > 64 && s.dv % 64 == 0 ? s.dv / 64 : 1;
 }
 
 // The CPU decoders' stream numbering (ssm::sr_stream, built by the shared ssm::pack_sr_stream of
