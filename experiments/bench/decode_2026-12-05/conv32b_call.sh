@@ -2,13 +2,9 @@
 # Session 14: the conventional row split for FP32 states only, its FP16/BF16 instances compiled to main's
 # code (SASS-identical to main's, 36 of 36; the Mamba-2/GDN FP32 instances identical to call 6's tested
 # lib_conv32). Pack .device/pack14g.tar.xz: bin/ (its test binaries and bench), lib_head/ (main), lib_conv32b/, sys/.
-set -u
-R=$OUT/r; mkdir -p $R
-mkdir -p .device/a && tar -C .device/a -xJf .device/pack14g.tar.xz
-A=$PWD/.device/a; B=$A/bin
-SYS=""; LD_LIBRARY_PATH=$A/lib_head ldd $B/replayssm-bench | grep -q "not found" && SYS=":$A/sys"
+source "$(dirname "$0")/device_common.sh"
+unpack_pack .device/pack14g.tar.xz lib_head
 HEAD=$A/lib_head$SYS; NEW=$A/lib_conv32b$SYS
-nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt 2>&1
 LD_LIBRARY_PATH=$NEW $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
 ok=1
 for s in "test_decode_cuda conv" "test_decode_kda_cuda conv_kda"; do set -- $s; t0=$SECONDS
@@ -28,5 +24,4 @@ if [ $ok = 1 ]; then
     done
   done
 fi
-sed -i "s#$PWD#<repository>#g" $R/*.txt $R/*.csv 2>/dev/null
-xz -9 -T8 $R/*.txt $R/*.csv 2>/dev/null; tar -C $OUT -cf $OUT/results.tar r && rm -rf $R; ls -la $OUT
+pack_results

@@ -4,13 +4,9 @@
 # Pack: .device/pack14f.tar.xz (bin/ = the test binaries and bench of the conv32 build, lib_head/, lib_conv32/, sys/),
 # with .device/peers_vllm.tar.xz. Run from the repository root:
 #   bash experiments/bench/decode_2026-12-05/final_call.sh
-set -u
-R=$OUT/r; mkdir -p $R
-mkdir -p .device/a && tar -C .device/a -xJf .device/pack14f.tar.xz
-A=$PWD/.device/a; B=$A/bin
-SYS=""; LD_LIBRARY_PATH=$A/lib_head ldd $B/replayssm-bench | grep -q "not found" && SYS=":$A/sys"
+source "$(dirname "$0")/device_common.sh"
+unpack_pack .device/pack14f.tar.xz lib_head
 HEAD=$A/lib_head$SYS; C32=$A/lib_conv32$SYS
-nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt 2>&1
 LD_LIBRARY_PATH=$HEAD $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
 # run_test LIB NAME BINARY [ARGS]: one suite into test_NAME.txt; prints its summary; success status.
 run_test() {
@@ -55,5 +51,4 @@ if [ $ok = 1 ]; then
     echo "vllm rc=$? $((SECONDS-t0))s"
   fi
 fi
-sed -i "s#$PWD#<repository>#g" $R/*.txt $R/*.csv $R/*.log 2>/dev/null
-xz -9 -T8 $R/*.txt $R/*.csv $R/*.log 2>/dev/null; tar -C $OUT -cf $OUT/results.tar r && rm -rf $R; ls -la $OUT
+pack_results

@@ -2,13 +2,9 @@
 # Session 14: main as committed (the build of 40ce3fc, kernels of 9adba03) on the H200: both suites whole,
 # memcheck, and the bench on every paper shape at B = 32 and 256, two rounds.
 # Pack .device/pack14h.tar.xz: bin/ (main's bench and test binaries), lib_main/, sys/.
-set -u
-R=$OUT/r; mkdir -p $R
-mkdir -p .device/a && tar -C .device/a -xJf .device/pack14h.tar.xz
-A=$PWD/.device/a; B=$A/bin
-SYS=""; LD_LIBRARY_PATH=$A/lib_main ldd $B/replayssm-bench | grep -q "not found" && SYS=":$A/sys"
+source "$(dirname "$0")/device_common.sh"
+unpack_pack .device/pack14h.tar.xz lib_main
 L=$A/lib_main$SYS
-nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt 2>&1
 LD_LIBRARY_PATH=$L $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
 ok=1
 for t in test_decode_cuda test_decode_kda_cuda; do t0=$SECONDS
@@ -26,5 +22,4 @@ if [ $ok = 1 ]; then
     echo "bench $round rc=$? $((SECONDS-t0))s"
   done
 fi
-sed -i "s#$PWD#<repository>#g" $R/*.txt $R/*.csv 2>/dev/null
-xz -9 -T8 $R/*.txt $R/*.csv 2>/dev/null; tar -C $OUT -cf $OUT/results.tar r && rm -rf $R; ls -la $OUT
+pack_results

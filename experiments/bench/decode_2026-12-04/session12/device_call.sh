@@ -167,5 +167,5 @@ else
     -tc="*staggered windows*,*appendix F skipping*,*after verification commits*,*exactly representable*" > $R/memcheck.txt 2>&1
   echo "memcheck rc=$? $((SECONDS-t1))s"; tail -n 2 $R/memcheck.txt
 fi
-sed -i "s#$PWD#<repository>#g" $R/*.txt $R/*.csv 2>/dev/null
+sed -i "s#$PWD#<repository>#g" $R/*.txt $R/*.csv $R/*.log 2>/dev/null
 xz -9 -T8 $R/*.txt $R/*.csv; tar -C $OUT -cf $OUT/results.tar r && rm -rf $R; ls -la $OUT
