@@ -92,6 +92,49 @@ __device__ __forceinline__ void kda_weighted_keys(int last, const float* keys, c
   }
 }
 
+// The keys (bf16, as stored) and decay vectors of window positions 0..last, global -> shared by 16-byte
+// cp.async pieces: every copy is in flight at once and none takes a register. Position-major, DK per
+// position. `pieces`: the sources are 16-byte aligned (DK is a whole number of pieces in both types), else
+// an element-wise copy into the same layout. Whole block; the caller commits and waits (its barrier
+// publishes the copies).
+template <int DK, class KeyAt, class AlphaAt>
+__device__ __forceinline__ void kda_stage_keys_decays_async(int last, KeyAt&& key, AlphaAt&& alpha, __nv_bfloat16* keys,
+                                                            float* alphas, bool pieces) {
+  constexpr int kKeyPieces = DK / 8, kAlphaPieces = DK / 4;  // per position
+  if (pieces) {
+    for (int i = threadIdx.x; i < (last + 1) * kKeyPieces; i += kThreads) {
+      const int p = i / kKeyPieces, piece = i % kKeyPieces;
+      copy_async16(keys + static_cast<std::size_t>(p) * DK + piece * 8, key(p) + piece * 8, true);
+    }
+    for (int i = threadIdx.x; i < (last + 1) * kAlphaPieces; i += kThreads) {
+      const int p = i / kAlphaPieces, piece = i % kAlphaPieces;
+      copy_async16(alphas + static_cast<std::size_t>(p) * DK + piece * 4, alpha(p) + piece * 4, true);
+    }
+  } else {
+    for (int i = threadIdx.x; i < (last + 1) * DK; i += kThreads) {
+      const int p = i / DK, c = i % DK;
+      keys[i] = key(p)[c];
+      alphas[i] = alpha(p)[c];
+    }
+  }
+}
+
+// kda_weighted_keys with the keys staged as bf16 (kda_stage_keys_decays_async): the same products, since
+// bf16 -> fp32 is exact.
+template <int DK, class Done>
+__device__ __forceinline__ void kda_weighted_keys(int last, const __nv_bfloat16* keys, const float* alphas, float* kw,
+                                                  Done&& done) {
+  for (int c = threadIdx.x; c < DK; c += kThreads) {
+    float w = 1.0f;
+    for (int p = last; p >= 0; --p) {
+      const std::size_t i = static_cast<std::size_t>(p) * DK + c;
+      kw[i] = __bfloat162float(keys[i]) * w;
+      w *= alphas[i];
+    }
+    done(c, w);
+  }
+}
+
 // x . y over DK columns, x in shared memory (fp32) and y a bf16 vector, reduced over the warp.
 template <int DK>
 __device__ __forceinline__ float warp_dot_f32_bf16(const float* x, const __nv_bfloat16* y, int lane) {

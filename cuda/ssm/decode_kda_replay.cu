@@ -87,15 +87,31 @@ __device__ __forceinline__ float kda_replay_row(float (*x)[4], int h0, int row, 
 }
 
 // ---- non-flush step --------------------------------------------------------------------------
-// Shared memory (floats): scratch [kWarps], then either the output-only form's kw [L][DK], staged
-// decays [L][DK], y [3 DK] (G . q_t and G . k_t, piece-interleaved: see kda_y_index), u [L][dv],
-// c1 [L], c2 [L], rows1 [dv], rows2 [dv], or (appendix F, a skipped read; only when skipping is on)
-// the raw records' keys [L][DK], decays [L][DK], v [L][dv], betas [L].
-std::size_t nonflush_shared_floats(int L, int DK, int dv, bool skipping) {
-  const std::size_t output_only = 2 * static_cast<std::size_t>(L) * DK + 3 * static_cast<std::size_t>(DK) +
-                                  static_cast<std::size_t>(L) * dv + 2 * L + 2 * static_cast<std::size_t>(dv);
-  const std::size_t raw = 2 * static_cast<std::size_t>(L) * DK + static_cast<std::size_t>(L) * dv + L;
-  return kWarps + (skipping ? std::max(output_only, raw) : output_only);
+// Shared memory, in floats from the block's base, the cp.async targets 16-byte aligned: scratch
+// [kWarps], then either the output-only form's kw [L][DK] (weighted keys), decays [L][DK], y [3 DK]
+// (G . q_t and G . k_t, piece-interleaved: see kda_y_index), u [L][dv], c1 [L], c2 [L], rows1 [dv],
+// rows2 [dv] and keys [L][DK] (bf16, as stored), or (appendix F, a skipped read; only when skipping
+// is on) the raw records' keys [L][DK], decays [L][DK], v [L][dv], betas [L].
+struct KdaNonflushLayout {
+  std::size_t kw, al, y, vals, c1, c2, rows1, rows2, keys, total;
+};
+__host__ __device__ constexpr std::size_t round_up4(std::size_t n) { return (n + 3) / 4 * 4; }
+__host__ __device__ constexpr KdaNonflushLayout kda_nonflush_layout(int L, int DK, int dv, bool skipping) {
+  KdaNonflushLayout o{};
+  const std::size_t l = static_cast<std::size_t>(L);
+  o.kw = round_up4(kWarps);
+  o.al = o.kw + l * DK;
+  o.y = o.al + l * DK;
+  o.vals = o.y + 3 * static_cast<std::size_t>(DK);
+  o.c1 = o.vals + round_up4(l * dv);
+  o.c2 = o.c1 + l;
+  o.rows1 = o.c2 + l;
+  o.rows2 = o.rows1 + dv;
+  o.keys = round_up4(o.rows2 + dv);
+  o.total = o.keys + l * DK / 2;
+  const std::size_t raw = o.kw + 2 * l * DK + l * dv + l;  // kda_nonflush_skipped's layout
+  if (skipping && raw > o.total) o.total = raw;
+  return o;
 }
 
 // Appendix F, a non-flush step of one value head whose gamma is below the read copy's threshold
@@ -168,9 +184,13 @@ __device__ __forceinline__ int kda_y_index(int c, int v) {
 //   u_t = b_t (v_t - S_{t-1} (a_t . k_t))
 //   o_t = S_ckpt (G . q_t) + sum_{p<=t} u_p ((W_p . k_p) . q_t)
 // One streaming read of the read checkpoint (LP when split, else the recur copy) gives both S_ckpt
-// products; no state is materialised. u_t goes to the ring for later steps. The stream does not
-// depend on the records, so (without skipping) its first batch of loads is issued before the record
-// phase and every later batch before the previous one is consumed, as decode_replay_nonflush.cu does.
+// products; no state is materialised. u_t goes to the ring for later steps. The records go global ->
+// shared by cp.async, all issued at the block's start, and the checkpoint stream's first batch right
+// after them; every later batch is issued before the previous one is consumed, as
+// decode_replay_nonflush.cu does. (Element-wise record loops, each waited on in turn, were the KDA
+// non-flush step's largest fixed cost: Kimi Linear, B = 256, 213.7 -> 187.9 us, experiments/bench/
+// decode_2026-12-05/session15. Staging the whole head in shared memory as well was slower, 253.9 us:
+// only two blocks then fit an SM.)
 template <StorageFormat R, int DK>
 __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   extern __shared__ float smem[];
@@ -179,15 +199,18 @@ __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   if (win.h + 1 >= A.window) return;  // the flush kernel's sequence
   const int L = A.window, h0 = win.h, dv = kb.dv;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* scratch = smem;                                 // [kWarps]
-  float* kw = scratch + kWarps;                          // [L][DK] staged keys, then weighted keys
-  float* al = kw + static_cast<std::size_t>(L) * DK;     // [L][DK] staged decays
-  float* y = al + static_cast<std::size_t>(L) * DK;      // [3 DK] G . q_t, G . k_t (kda_y_index)
-  float* vals = y + 3 * DK;                              // [L][dv] cached u_p
-  float* c1 = vals + static_cast<std::size_t>(L) * dv;   // [L] (W_p . k_p) . q_t
-  float* c2 = c1 + L;                                    // [L] (W_p . k_p) . k_t
-  float* rows1 = c2 + L;                                 // [dv] S_ckpt (G . q_t)
-  float* rows2 = rows1 + dv;                             // [dv] S_ckpt (G . k_t)
+  const bool skip_on = A.skip_read > 0.0f;
+  const KdaNonflushLayout lay = kda_nonflush_layout(L, DK, dv, skip_on);
+  float* scratch = smem;                       // [kWarps]
+  float* kw = smem + lay.kw;                   // [L][DK] weighted keys
+  float* al = smem + lay.al;                   // [L][DK] staged decays
+  float* y = smem + lay.y;                     // [3 DK] G . q_t, G . k_t (kda_y_index)
+  float* vals = smem + lay.vals;               // [L][dv] cached u_p
+  float* c1 = smem + lay.c1;                   // [L] (W_p . k_p) . q_t
+  float* c2 = smem + lay.c2;                   // [L] (W_p . k_p) . k_t
+  float* rows1 = smem + lay.rows1;             // [dv] S_ckpt (G . q_t)
+  float* rows2 = smem + lay.rows2;             // [dv] S_ckpt (G . k_t)
+  __nv_bfloat16* keys = reinterpret_cast<__nv_bfloat16*>(smem + lay.keys);  // [L][DK] staged keys
   const __nv_bfloat16* k_t = A.in.k + (static_cast<std::size_t>(kb.b) * kb.G + kb.g) * DK;
   const __nv_bfloat16* q_t = A.in.q + (static_cast<std::size_t>(kb.b) * kb.G + kb.g) * DK;
   const float* a_t = kda_step_alpha(A.in.alpha, kb.hb, DK);
@@ -205,31 +228,43 @@ __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   const DeviceState read_state = A.split ? A.read : A.recur;
   const HeadView rv = head_view(read_state, kb.hb, dv, DK);
   const int iterations = (dv + kWarps * RW - 1) / (kWarps * RW);
-  const bool skip_on = A.skip_read > 0.0f;
-  RawPiece raw[kBatch][P];
-  if (!skip_on) kda_load_checkpoint_batch<R, DK>(rv, dv, iterations, 0, raw);
 
   // B[h+1] <- (a, b, v, k) (u below, once known).
   kda_write_record<DK>(A.rec, slot_t, kb.H, kb.G, kb.head, kb.g, kb.vh == 0, dv, k_t, A.in.v + kb.hb * dv, a_t,
                        A.in.beta[kb.hb]);
   // Appendix F against the threshold of the copy this step reads (block-uniform: one value head);
   // decided before any checkpoint load, so a skipped read loads nothing.
-  if (skip_on) {
-    if (kda_window_gamma<DK>(h0, alpha_at, scratch) < A.skip_read) {
-      kda_nonflush_skipped<DK>(A, kb, win, h0, slot_t, kw, key_at, alpha_at);
-      return;
-    }
-    kda_load_checkpoint_batch<R, DK>(rv, dv, iterations, 0, raw);
+  if (skip_on && kda_window_gamma<DK>(h0, alpha_at, scratch) < A.skip_read) {
+    kda_nonflush_skipped<DK>(A, kb, win, h0, slot_t, kw, key_at, alpha_at);
+    return;
   }
 
-  // Record phase: the cached corrections and the staged keys and decays (all loads in flight at
-  // once), then the weighted keys and G (one thread per channel) and the key products.
-  for (int i = threadIdx.x; i < h0 * dv; i += kThreads) {
-    const int p = i / dv, r = i % dv;
-    vals[i] = A.rec.u[(ring_slot(A.rec, kb.b, win, p) * kb.H + kb.head) * dv + r];
+  // Every load of the block, issued before any is waited on: the records (the cached corrections, the
+  // keys and the decays), then the first batch of the read checkpoint.
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
+  if (dv % 4 == 0 && aligned(A.rec.u)) {
+    const int per_position = dv / 4;
+    for (int i = threadIdx.x; i < h0 * per_position; i += kThreads) {
+      const int p = i / per_position, piece = i - p * per_position;
+      copy_async16(vals + static_cast<std::size_t>(p) * dv + piece * 4,
+                   A.rec.u + (ring_slot(A.rec, kb.b, win, p) * kb.H + kb.head) * dv + piece * 4, true);
+    }
+  } else {
+    for (int i = threadIdx.x; i < h0 * dv; i += kThreads) {
+      const int p = i / dv, r = i % dv;
+      vals[i] = A.rec.u[(ring_slot(A.rec, kb.b, win, p) * kb.H + kb.head) * dv + r];
+    }
   }
-  kda_stage_keys_decays<DK>(h0, key_at, alpha_at, kw, al);
-  kda_weighted_keys<DK>(h0, kw, al, kw, [&](int c, float gc) {
+  kda_stage_keys_decays_async<DK>(h0, key_at, alpha_at, keys, al,
+                                  aligned(A.rec.k) && aligned(A.in.k) && aligned(A.rec.alpha) && aligned(A.in.alpha));
+  copy_async_commit();
+  RawPiece raw[kBatch][P];
+  kda_load_checkpoint_batch<R, DK>(rv, dv, iterations, 0, raw);
+  copy_async_wait_all();  // this thread's records; the barrier publishes everyone's
+  __syncthreads();
+
+  // Record phase: the weighted keys and G (one thread per channel), then the key products.
+  kda_weighted_keys<DK>(h0, keys, al, kw, [&](int c, float gc) {
     y[kda_y_index<E>(c, 0)] = __bfloat162float(q_t[c]) * gc;  // the Y rows of ssm::output_only: q . G, k . G
     y[kda_y_index<E>(c, 1)] = __bfloat162float(k_t[c]) * gc;
   });
@@ -242,8 +277,7 @@ __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
       if (p < h0) c2[p] = s2;
     }
   }
-
-  // Stream the read checkpoint: rows1 = S_ckpt (G . q_t), rows2 = S_ckpt (G . k_t). Pieces of 16 or
+  // The read checkpoint's rows: rows1 = S_ckpt (G . q_t), rows2 = S_ckpt (G . k_t). Pieces of 16 or
   // 32 columns (fp8b128, nvfp4) read the lane's slices of G . q_t and G . k_t from shared memory
   // inside the product: held in registers they took 64 of them for NVFP4 and halved the blocks per
   // SM, and a KDA block streams only one head (two NVFP4 row iterations), so nothing is re-read much.
@@ -544,7 +578,7 @@ void kda_detail::replay_step(const DecodeShape& shape, const StepInputs& in, con
   const ReplayArgs A = make_replay_args(shape, in, config, records, 1, stage);
   const dim3 grid(shape.value_heads, shape.batch);
   const std::size_t nonflush_smem =
-      sizeof(float) * nonflush_shared_floats(config.window, shape.dk, shape.dv, A.skip_read > 0.0f);
+      sizeof(float) * kda_nonflush_layout(config.window, shape.dk, shape.dv, A.skip_read > 0.0f).total;
   const std::size_t flush_smem = sizeof(float) * flush_shared_floats(stage, shape.dk, shape.dv);
   with_dk(shape.dk, [&](auto DK) {
     // The flush kernel first, as a plain launch; the non-flush kernel follows as its programmatic
