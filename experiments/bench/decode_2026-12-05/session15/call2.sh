@@ -37,7 +37,7 @@ if [ $fok = 1 ]; then
 fi
 if [ $ok = 1 ]; then
   for round in 1 2; do t0=$SECONDS
-    [ $SECONDS -gt 440 ] && { echo "record round $round skipped (time)"; continue; }
+    [ $SECONDS -gt 330 ] && { echo "record round $round skipped (time)"; continue; }
     LD_LIBRARY_PATH=$LAND timeout 150 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b qwen3.5-4b \
       qwen3.5-122b-a10b kimi-linear-48b-a3b --batch 32 256 --window 16 --drafts 8 --csv $R/record_$round.csv > $R/record_$round.txt 2>&1
     echo "record $round rc=$? $((SECONDS-t0))s"
