@@ -77,15 +77,19 @@ __device__ __forceinline__ void kda_stage_keys_decays(int last, KeyAt&& key, Alp
 // cumulative decays) from the staged keys and decays, walking back from `last` as ssm::output_only
 // does: one thread per channel c,
 //   kw[p][c] = k_p[c] W_p[c],  W_p = prod_{l=p+1}^{last} a_l  (W_last = 1),
-// and returns G[c] = prod_{l=0}^{last} a_l to `done(c, G_c)`. kw may be `keys` itself (in place). A
-// caller that wants S_{t-1} Diag(a_t) rather than S_t passes last = t.
-template <int DK, class Done>
-__device__ __forceinline__ void kda_weighted_keys(int last, const float* keys, const float* alphas, float* kw, Done&& done) {
+// and returns G[c] = prod_{l=0}^{last} a_l to `done(c, G_c)`. The keys are staged as fp32
+// (kda_stage_keys_decays) or as stored, bf16 (kda_stage_keys_decays_async): the same products, since
+// bf16 -> fp32 is exact. kw may be `keys` itself (in place, fp32). A caller that wants S_{t-1} Diag(a_t)
+// rather than S_t passes last = t.
+__device__ __forceinline__ float staged_key_value(float k) { return k; }
+__device__ __forceinline__ float staged_key_value(__nv_bfloat16 k) { return __bfloat162float(k); }
+template <int DK, class Key, class Done>
+__device__ __forceinline__ void kda_weighted_keys(int last, const Key* keys, const float* alphas, float* kw, Done&& done) {
   for (int c = threadIdx.x; c < DK; c += kThreads) {
     float w = 1.0f;
     for (int p = last; p >= 0; --p) {
       const std::size_t i = static_cast<std::size_t>(p) * DK + c;
-      kw[i] = keys[i] * w;
+      kw[i] = staged_key_value(keys[i]) * w;
       w *= alphas[i];
     }
     done(c, w);
@@ -116,22 +120,6 @@ __device__ __forceinline__ void kda_stage_keys_decays_async(int last, KeyAt&& ke
       keys[i] = key(p)[c];
       alphas[i] = alpha(p)[c];
     }
-  }
-}
-
-// kda_weighted_keys with the keys staged as bf16 (kda_stage_keys_decays_async): the same products, since
-// bf16 -> fp32 is exact.
-template <int DK, class Done>
-__device__ __forceinline__ void kda_weighted_keys(int last, const __nv_bfloat16* keys, const float* alphas, float* kw,
-                                                  Done&& done) {
-  for (int c = threadIdx.x; c < DK; c += kThreads) {
-    float w = 1.0f;
-    for (int p = last; p >= 0; --p) {
-      const std::size_t i = static_cast<std::size_t>(p) * DK + c;
-      kw[i] = __bfloat162float(keys[i]) * w;
-      w *= alphas[i];
-    }
-    done(c, w);
   }
 }
 
