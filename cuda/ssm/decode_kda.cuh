@@ -1,5 +1,5 @@
 // What the KDA (Kimi Delta Attention) decode kernels share (decode_kda_conventional.cu,
-// decode_kda_replay.cu, decode_kda_verify.cu). KDA has a channel-wise decay (REPLAYSSM.md section 1):
+// decode_kda_replay*.cu, decode_kda_verify.cu). KDA has a channel-wise decay (REPLAYSSM.md section 1):
 //   S_t = S_{t-1} Diag(a_t) + u_t k_t^T,   u_t = b_t (v_t - S_{t-1} (a_t . k_t)),   a_t in (0,1)^dk,
 // so the decay weights of the unrolled form are dk-vectors per value head, W_p = prod_{l=p+1}^{t} a_l
 // (element-wise), and the key products k_p^T Diag(W_p) q differ per value head: nothing of the key
@@ -154,5 +154,86 @@ inline void check_kda_records(const DeviceRecords& r) {
   if (r.window[0] == nullptr || r.window[1] == nullptr)
     throw std::invalid_argument("kda decode: DeviceRecords::window needs both window-state copies");
 }
+
+// ---- the ReplaySSM step (decode_kda_replay.cu): what its flush and non-flush kernels share ----------
+// decode_kda_replay_flush.cu and decode_kda_replay_nonflush.cu hold the two kernels and their launchers.
+
+__host__ __device__ constexpr std::size_t round_up4(std::size_t n) { return (n + 3) / 4 * 4; }
+
+// Appendix F: gamma of window positions 0..last (the current token's decay included), the float32
+// product of the decay vectors in token order starting at position 0, largest over the key channels,
+// exactly as ssm::ReplayDecoderBase::skips_checkpoint_read forms it (gamma = a_0, then gamma *= a_j
+// for j = 1..last), so that the skip decision is bit-identical to the CPU decoders'. One thread per
+// channel multiplies sequentially, then a block max (exact). Whole block (block_max synchronises).
+template <int DK, class AlphaAt>
+__device__ __forceinline__ float kda_window_gamma(int last, AlphaAt&& alpha, float* scratch) {
+  float m = 0.0f;
+  for (int c = threadIdx.x; c < DK; c += kThreads) {
+    float g = alpha(0)[c];
+    for (int p = 1; p <= last; ++p) g *= alpha(p)[c];
+    m = fmaxf(m, g);
+  }
+  return block_max(m, scratch);
+}
+
+// The raw records of window positions 0..h0 of the block's value head, staged for kda_replay_row:
+// keys [h0+1][DK] (fp32), decays [h0+1][DK], v [h0+1][dv] (fp32), betas [h0+1]. Position h0 is the
+// current token, read from the step's inputs (key_at / alpha_at return those for p == h0).
+template <int DK, class KeyAt, class AlphaAt>
+__device__ __forceinline__ void kda_stage_raw_records(const ReplayArgs& A, const KdaBlock& kb, const WindowState& win,
+                                                      int h0, KeyAt&& key_at, AlphaAt&& alpha_at, float* keys,
+                                                      float* alphas, float* vals, float* betas) {
+  const int dv = kb.dv;
+  for (int i = threadIdx.x; i < (h0 + 1) * DK; i += kThreads) {
+    const int p = i / DK, c = i % DK;
+    keys[i] = __bfloat162float(key_at(p)[c]);
+    alphas[i] = alpha_at(p)[c];
+  }
+  for (int i = threadIdx.x; i < (h0 + 1) * dv; i += kThreads) {
+    const int p = i / dv, r = i % dv;
+    vals[i] = __bfloat162float(p == h0 ? A.in.v[kb.hb * dv + r]
+                                       : A.rec.v[(ring_slot(A.rec, kb.b, win, p) * kb.H + kb.head) * dv + r]);
+  }
+  for (int p = threadIdx.x; p <= h0; p += kThreads)
+    betas[p] = p == h0 ? A.in.beta[kb.hb] : A.rec.beta[ring_slot(A.rec, kb.b, win, p) * kb.H + kb.head];
+}
+
+// REPLAY of window positions 0..h0 on one state row, held in the lane's pieces x (fp32 tile
+// geometry), with every u recomputed sequentially from the staged raw records (ssm::replay with
+// recompute_from = 0, the element-wise operations of ssm::correction and ssm::decay_and_add):
+//   u_j = b_j (v_j - x (a_j . k_j)),  x <- x Diag(a_j) + u_j k_j^T.
+// Returns u_{h0} (every lane of the row holds it). Uniform per warp: the row sums shuffle.
+template <int DK>
+__device__ __forceinline__ float kda_replay_row(float (*x)[4], int h0, int row, bool valid, int dv, const float* keys,
+                                                const float* alphas, const float* vals, const float* betas, int lane) {
+  using T = Tile<StorageFormat::fp32, DK>;
+  constexpr int E = 4, P = T::P, LPR = T::LPR;
+  float u = 0.0f;
+  for (int j = 0; j <= h0; ++j) {
+    float a4[P][E], k4[P][E], ak[P][E];
+    load_lane_f32<P, LPR>(alphas + static_cast<std::size_t>(j) * DK, lane, a4);
+    load_lane_f32<P, LPR>(keys + static_cast<std::size_t>(j) * DK, lane, k4);
+    float sk = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) ak[p][e] = a4[p][e] * k4[p][e];
+      sk = dot_acc<E>(x[p], ak[p], sk);
+    }
+    sk = row_sum<LPR>(sk);
+    u = betas[j] * ((valid ? vals[static_cast<std::size_t>(j) * dv + row] : 0.0f) - sk);
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int e = 0; e < E; ++e) x[p][e] = x[p][e] * a4[p][e] + u * k4[p][e];
+  }
+  return u;
+}
+
+// The step's two launches over the grid of (value head, sequence) blocks, in this order: the flush kernel
+// as a plain launch (its instance from the recur copy's format), then the non-flush kernel as its
+// programmatic dependent (its instance from the read copy's format). Each sizes its own shared memory.
+void launch_kda_flush(formats::StorageFormat recur, const ReplayArgs& A, dim3 grid, cudaStream_t stream);
+void launch_kda_nonflush(formats::StorageFormat read, const ReplayArgs& A, dim3 grid, cudaStream_t stream);
 
 }  // namespace replayssm::cuda::decode_detail
