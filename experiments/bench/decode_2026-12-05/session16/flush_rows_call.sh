@@ -6,7 +6,8 @@
 #   lib_exp/:   main + flush_rows.patch, two switches read by its launcher:
 #     REPLAYSSM_KDA_FLUSH_VARIANT (rows per lane group / iterations in flight / blocks per SM at dk = 128):
 #       0 = 1/2/4 (flush_records.patch's flush, the control), 1 = 2/2/4, 2 = 4/1/3, 3 = 4/2/2, 4 = 2/1/4;
-#     REPLAYSSM_KDA_NONFLUSH_STAGED_ROWS: 0 (main's non-flush kernel), 32 or 64 rows staged (FP32 reads, dk = 128).
+#     REPLAYSSM_KDA_NONFLUSH_STAGED_ROWS: 0 (main's non-flush kernel), 32 or 64 rows staged (FP32 reads, dk = 128);
+#     (REPLAYSSM_VERIFY_BATCHED_FOLD: verify_fold_call.sh's, unset here.)
 #   Each run sets one of each. The flush-step row measures the flush variant alone, the non-flush-step row
 #   the staging alone (in each the other kernel's blocks all return), the staggered row both.
 # 1. lib_exp: the KDA ReplaySSM and after-verification cases under every pairing.
