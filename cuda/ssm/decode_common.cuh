@@ -227,19 +227,6 @@ __device__ __forceinline__ WindowState current_window(const DeviceRecords& rec, 
 __device__ __forceinline__ void write_next_window(const DeviceRecords& rec, int b, const WindowState& next) {
   rec.window[1 - window_parity(rec, b)][b] = next;
 }
-// The window after a standard step (Algorithm 1): a flush folds the h + 1 records, so position h + 1 becomes
-// position 0 of the next window; otherwise the record appended at position h extends it.
-__device__ __forceinline__ WindowState window_after_standard_step(const WindowState& win, bool flush, int capacity) {
-  WindowState next = win;
-  if (flush) {
-    next.h = 0;
-    next.start = (win.start + win.h + 1) % capacity;
-    next.flushes = win.flushes + 1;
-  } else {
-    next.h = win.h + 1;
-  }
-  return next;
-}
 // Every block of a step calls this once at the end, all its threads together (block-uniform control
 // flow): the last of the `blocks` blocks of sequence b flips its parity, after every block has read
 // the current window state and the one that writes the next state has written it.

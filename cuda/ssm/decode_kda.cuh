@@ -155,31 +155,6 @@ inline void check_kda_records(const DeviceRecords& r) {
     throw std::invalid_argument("kda decode: DeviceRecords::window needs both window-state copies");
 }
 
-// The closed form's fold of one row held by a lane group (fp32 tile geometry, P pieces of 4 columns):
-// x <- x . G, then x <- x + sum_{j < records} u_j[row] kw_j with fmaf in record order (kw_j = W_j . k_j, the
-// weighted keys, [records][DK] in shared memory; vals [records][dv] the cached u). The flush and the
-// verification kernels' folds, so that both take the same products in the same order.
-template <int DK, int P>
-__device__ __forceinline__ void kda_fold_closed_form_row(float (&x)[P][4], const float (&gv)[P][4], int records, int row, bool valid,
-                                                         int dv, const float* vals, const float* kw, int lane) {
-  using T = Tile<formats::StorageFormat::fp32, DK>;
-#pragma unroll
-  for (int p = 0; p < P; ++p)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) x[p][e] *= gv[p][e];
-  for (int j = 0; j < records; ++j) {
-    const float c = valid ? vals[static_cast<std::size_t>(j) * dv + row] : 0.0f;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const float4 k4 = *reinterpret_cast<const float4*>(kw + static_cast<std::size_t>(j) * DK + T::col(lane, p));
-      x[p][0] = fmaf(c, k4.x, x[p][0]);
-      x[p][1] = fmaf(c, k4.y, x[p][1]);
-      x[p][2] = fmaf(c, k4.z, x[p][2]);
-      x[p][3] = fmaf(c, k4.w, x[p][3]);
-    }
-  }
-}
-
 // ---- the ReplaySSM step (decode_kda_replay.cu): what its flush and non-flush kernels share ----------
 // decode_kda_replay_flush.cu and decode_kda_replay_nonflush.cu hold the two kernels and their launchers.
 

@@ -48,7 +48,17 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
   const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
   // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory.
   if (flush && win.h + 1 > A.stage) __trap();
-  if (blockIdx.x == 0 && threadIdx.x == 0) write_next_window(A.rec, kb.b, window_after_standard_step(win, flush, A.rec.capacity));
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    WindowState next = win;
+    if (flush) {  // the h + 1 records are folded: position h + 1 becomes position 0
+      next.h = 0;
+      next.start = (win.start + win.h + 1) % A.rec.capacity;
+      next.flushes = win.flushes + 1;
+    } else {
+      next.h = win.h + 1;
+    }
+    write_next_window(A.rec, kb.b, next);
+  }
   if (!flush) return;
   // The current record is not appended to the ring: the flush drops all h0 + 1 records.
   const int h0 = win.h, S = A.stage, dv = kb.dv;
@@ -121,7 +131,21 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
       for (int e = 0; e < E; ++e) x[p][e] = next_x[p][e], next_x[p][e] = after_x[p][e];
     load_row(it + 2, after_x);
     if (!recompute) {
-      kda_fold_closed_form_row<DK>(x, gv, h0, row, valid, dv, vals, keys, lane);
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+#pragma unroll
+        for (int e = 0; e < E; ++e) x[p][e] *= gv[p][e];
+      for (int j = 0; j < h0; ++j) {
+        const float c = valid ? vals[static_cast<std::size_t>(j) * dv + row] : 0.0f;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const float4 k4 = *reinterpret_cast<const float4*>(keys + static_cast<std::size_t>(j) * DK + T::col(lane, p));
+          x[p][0] = fmaf(c, k4.x, x[p][0]);
+          x[p][1] = fmaf(c, k4.y, x[p][1]);
+          x[p][2] = fmaf(c, k4.z, x[p][2]);
+          x[p][3] = fmaf(c, k4.w, x[p][3]);
+        }
+      }
       float sk = 0.0f;  // x = S_{t-1} Diag(a_t): x . k_t = S_{t-1} (a_t . k_t)
 #pragma unroll
       for (int p = 0; p < P; ++p) sk = dot_acc<E>(x[p], kv[p], sk);

@@ -162,7 +162,21 @@ __device__ __forceinline__ void kda_verify_body(const KdaVerifyArgs& A) {
         }
       }
       if (fold) {
-        kda_fold_closed_form_row<DK>(x, gv, h, row, valid, dv, vals, kw, lane);
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+#pragma unroll
+          for (int e = 0; e < E; ++e) x[p][e] *= gv[p][e];
+        for (int j = 0; j < h; ++j) {
+          const float c = valid ? vals[static_cast<std::size_t>(j) * dv + row] : 0.0f;
+#pragma unroll
+          for (int p = 0; p < P; ++p) {
+            const float4 k4 = *reinterpret_cast<const float4*>(kw + static_cast<std::size_t>(j) * DK + T::col(lane, p));
+            x[p][0] = fmaf(c, k4.x, x[p][0]);
+            x[p][1] = fmaf(c, k4.y, x[p][1]);
+            x[p][2] = fmaf(c, k4.z, x[p][2]);
+            x[p][3] = fmaf(c, k4.w, x[p][3]);
+          }
+        }
         if (valid)
 #pragma unroll
           for (int p = 0; p < P; ++p)

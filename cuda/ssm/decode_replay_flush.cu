@@ -623,7 +623,17 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
   const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
   // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory.
   if (flush && win.h + 1 > A.stage) __trap();
-  if (blockIdx.x == 0 && threadIdx.x == 0) write_next_window(A.rec, bg.b, window_after_standard_step(win, flush, A.rec.capacity));
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    WindowState next = win;
+    if (flush) {  // the h + 1 records are folded: position h + 1 becomes position 0
+      next.h = 0;
+      next.start = (win.start + win.h + 1) % A.rec.capacity;
+      next.flushes = win.flushes + 1;
+    } else {
+      next.h = win.h + 1;
+    }
+    write_next_window(A.rec, bg.b, next);
+  }
   // GDN heads that skip their non-flush read (appendix F) recompute every u from zero: a fold, so
   // this kernel serves them (the non-flush kernel appends the record and serves the other heads).
   const bool gdn_skipped_reads = kExtras && K == ssm::Recurrence::gdn && !flush && A.skip_read > 0.0f;
