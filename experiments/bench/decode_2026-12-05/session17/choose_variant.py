@@ -50,6 +50,9 @@ def winner(best, kernel, candidates, log):
 
 def main(folder):
     best, log = best_times(folder), []
+    if not any(k[0] == "land" for k in best):  # no baseline: refuse rather than fall back to the control silently
+        sys.exit(f"choose_variant.py: {folder} has no kimi_vland_<round>.csv with the rows '{FLUSH}' and "
+                 f"'{NONFLUSH}' (flush_rows_call.sh's baseline); nothing to choose from")
     flush = winner(best, FLUSH, ["1", "2", "3"], log) or "0"
     staged_variant = winner(best, NONFLUSH, ["1", "2", "3"], log)
     staged = STAGED_OF[staged_variant] if staged_variant else 0
