@@ -3,8 +3,9 @@
 # Kimi Linear at B = 256, for the shared-memory reading of session16/README.md. Pack .device/pack16.tar.xz.
 #   PAIRS="0/0 2/64" (default): flush variant / staged rows, as REPLAYSSM_KDA_FLUSH_VARIANT and
 #   REPLAYSSM_KDA_NONFLUSH_STAGED_ROWS of the experiment library.
-# Every launch of either kernel in one bench run is profiled (up to 160): the flush-step row's flush launches
-# are the long ones (every block flushes), the non-flush-step row's non-flush launches likewise.
+# The first 160 launches of the two kernels in one bench run are profiled. (Session 18: those are all the
+# staggered row's, 6 calls x 16 steps x 2 kernels at --repeats 3, not the flush-step row's as this comment first
+# said; session18/ncu_targets_call.sh picks the rows' launches by count.)
 # Per launch: duration, DRAM throughput, shared-memory wavefronts (and their share of peak), issue activity,
 # active warps. ncu_<pair>.csv per pair; summarise with: python3 ncu_summary.py r/ncu_*.csv
 # Run from the repository root on the device machine: bash experiments/bench/decode_2026-12-05/session16/flush_rows_ncu.sh
