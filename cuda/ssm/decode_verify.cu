@@ -412,8 +412,9 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
         // records outermost: one shared-memory load of key j serves the batch's kBatch rows (per (row, record)
         // 10.75 instructions and 4 wavefronts, against 13.6 and 6 row by row; Nemotron-3-Super's verification
         // with a flush, B = 256: 1154 -> 1057 us on an H100, experiments/bench/decode_2026-12-05/session18).
-        // Each row's arithmetic is unchanged: x gamma_h, then fmaf over the records in order. Per row: its head's flush weights and its record values (a row past the block reads head 0's, in
-        // bounds, and takes 0: a select, not a branch around the loads).
+        // Each row's arithmetic is unchanged: x gamma_h, then fmaf over the records in order. Per row: its head's
+        // flush weights and its record values (a row past the block reads head 0's, in bounds, and takes 0: a
+        // select, not a branch around the loads).
         const float* fw[kBatch];
         const float* vals[kBatch];
         bool valid[kBatch];
