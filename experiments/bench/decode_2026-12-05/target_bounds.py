@@ -59,6 +59,8 @@ def main():
     ap.add_argument("--datasheet-gbps", type=float, default=DATASHEET_GBPS,
                     help="the card's datasheet memory bandwidth in GB/s (default: the H200's 4800)")
     a = ap.parse_args()
+    if not a.datasheet_gbps > 0:
+        ap.error(f"--datasheet-gbps must be a bandwidth in GB/s above 0 (got {a.datasheet_gbps})")
     for path in a.runs:
         rows = read_bench_csv(path)
         big = [r for r in rows if int(r["batch"]) == 256]

@@ -65,5 +65,7 @@ if __name__ == "__main__":
     ap.add_argument("--copy-gbps", type=float, default=3018.0)
     ap.add_argument("--sms", type=int, default=132)
     a = ap.parse_args()
+    if not a.copy_gbps > 0 or a.sms < 1:
+        ap.error(f"--copy-gbps must be above 0 GB/s and --sms at least 1 (got {a.copy_gbps}, {a.sms})")
     for p in a.paths:
         summarise(p, a.copy_gbps, a.sms)
