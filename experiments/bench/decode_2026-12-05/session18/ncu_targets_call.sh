@@ -2,7 +2,7 @@
 # Session 18: Nsight Compute on the kernels behind the targets of issue 13 that main misses, one shape per
 # recurrence at B = 256, L = 16, T = 8: Nemotron-3-Super (Mamba-2), Qwen3.5-4B (GDN), Kimi Linear (KDA).
 # Pack $PACK (default .device/pack18.tar.xz: bin/, sys/ as pack16; lib_land/ = main's library with session 18's landings (the KDA
-# flush rows, the batched verification fold)).
+# flush rows, the batched verification fold)); $LIB (default lib_land) the library folder in it.
 # Each profile is of chosen launches of one bench run (--repeats 3 --no-check), found by counting: a row's
 # measurement is time_us, repeats + 3 = 6 calls; the staggered row is 6 calls of L = 16 steps; every replay
 # step launches the flush kernel, then the non-flush kernel (blocks with nothing to do return). So, per kernel
@@ -16,8 +16,8 @@
 # wrong instance, or a duration far from the bench's row; the bench's own table is kept beside each CSV).
 # Run from the repository root on the device machine: bash experiments/bench/decode_2026-12-05/session18/ncu_targets_call.sh
 source "$(dirname "$0")/../device_common.sh"
-unpack_pack ${PACK:-.device/pack18.tar.xz} lib_land
-LP=$A/lib_land$SYS
+unpack_pack ${PACK:-.device/pack18.tar.xz} ${LIB:-lib_land}
+LP=$A/${LIB:-lib_land}$SYS
 LD_LIBRARY_PATH=$LP $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
 SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
 EXTRA=l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum
