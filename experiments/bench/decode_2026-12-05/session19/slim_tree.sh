@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The working tree travels with every device call (64 MiB in all with what `carry` names): `slim` moves tracked
+# files over 150 KB (plots, traces, data) to STASH (default /work/slim_stash) so that tree + pack19x + peers_slim
+# fit; `restore` puts them back. Always restore after the call: the moved files read as deleted to git meanwhile.
+# Usage: bash experiments/bench/decode_2026-12-05/session19/slim_tree.sh slim|restore
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+stash=${STASH:-/work/slim_stash}
+case ${1:-} in
+  slim)
+    n=0
+    while IFS= read -r -d '' f; do
+      if [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt 150000 ]; then
+        mkdir -p "$stash/$(dirname "$f")" && mv "$f" "$stash/$f" && n=$((n + 1))
+      fi
+    done < <(git ls-files -z)
+    echo "slim_tree.sh: moved $n files to $stash" ;;
+  restore)
+    [ -d "$stash" ] || { echo "slim_tree.sh: nothing to restore ($stash missing)"; exit 0; }
+    (cd "$stash" && find . -type f -print0) | while IFS= read -r -d '' f; do
+      mkdir -p "$(dirname "$f")" && mv "$stash/$f" "$f"
+    done
+    rm -rf "$stash"
+    echo "slim_tree.sh: restored from $stash"; git status --short | head ;;
+  *) echo "usage: slim_tree.sh slim|restore" >&2; exit 2 ;;
+esac
