@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The working tree travels with every device call (64 MiB in all with what `carry` names): `slim` moves tracked
-# files over 150 KB (plots, traces, data) to STASH (default /work/slim_stash) so that tree + pack19x + peers_slim
-# fit; `restore` puts them back. Always restore after the call: the moved files read as deleted to git meanwhile.
+# files over 150 KB (plots, traces, data) to STASH (default ../slim_stash beside the repository, outside the tree
+# that travels) so that tree + pack19x + peers_slim fit; `restore` puts them back. Always restore after the call:
+# the moved files read as deleted to git meanwhile.
 # Usage: bash experiments/bench/decode_2026-12-05/session19/slim_tree.sh slim|restore
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-stash=${STASH:-/work/slim_stash}
+stash=$(realpath -m "${STASH:-../slim_stash}")
 case ${1:-} in
   slim)
     n=0
