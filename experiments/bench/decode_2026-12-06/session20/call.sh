@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Session 20, one device call (about TOTAL = 585 s): pack .device/pack20.tar.xz (make_pack.sh) and
+# .device/peers_slim.tar.xz (vLLM 0.33.0's Mamba-2 ops; FlashInfer 0.7.2's checkpointing_ssu with its sm_90a build).
+# 1. lib_all (every change of sessions 19-20): both decode suites whole; memcheck on the replay and verification
+#    cases. If test_decode_cuda fails, it runs again on lib_exp and lib_ab (each change alone) to say which broke it.
+# 2. Every paper shape at B = 32 and 256 (L = 16, T = 8), lib_all and lib_land alternating, 2 rounds (the second if
+#    time is left): the landing comparison and the run of record.
+# 3. lib_a (the epilogue change alone) on the GDN and Mamba-2 shapes' rows, B = 32 and 256 (the streamed stream's
+#    own effect is lib_all's verification rows against these).
+# 4. ours (lib_all, lib_land) at B = 64, 128 on the Mamba-2 shapes; vLLM and FlashInfer at B = 32-256.
+# -> $OUT/results.tar. Run from the repository root: bash experiments/bench/decode_2026-12-06/session20/call.sh
+source experiments/bench/decode_2026-12-05/device_common.sh
+unpack_pack .device/pack20.tar.xz lib_land
+lib() { echo "$A/$1$SYS"; }
+cat $A/bin/COMMIT > $R/pack_commit.txt
+LD_LIBRARY_PATH=$(lib lib_all) $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt
+ok=1
+for t in test_decode_cuda test_decode_kda_cuda; do t0=$SECONDS
+  LD_LIBRARY_PATH=$(lib lib_all) timeout 200 $B/$t > $R/all_$t.txt 2>&1
+  echo "lib_all $t rc=$? $((SECONDS-t0))s $(tail -n 3 $R/all_$t.txt | head -n 2 | tr '\n' ' ')"
+  grep -q "Status: SUCCESS" $R/all_$t.txt || { ok=0; grep -B5 -A25 "ERROR" $R/all_$t.txt | head -40; }
+done
+if [ $ok = 0 ]; then
+  for l in lib_exp lib_ab; do t0=$SECONDS
+    LD_LIBRARY_PATH=$(lib $l) timeout 150 $B/test_decode_cuda > $R/${l}_test_decode_cuda.txt 2>&1
+    echo "$l test_decode_cuda rc=$? $((SECONDS-t0))s $(tail -n 3 $R/${l}_test_decode_cuda.txt | head -n 2 | tr '\n' ' ')"
+  done
+fi
+t0=$SECONDS; LD_LIBRARY_PATH=$(lib lib_all) timeout 150 compute-sanitizer --tool memcheck $B/test_decode_cuda \
+  -tc="*ReplaySSM decode kernels equal*,*exactly representable*,*verification kernels*,*after verification*" \
+  > $R/memcheck_all.txt 2>&1
+echo "memcheck lib_all rc=$? $((SECONDS-t0))s $(tail -n 1 $R/memcheck_all.txt)"
+ALL="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b kimi-linear-48b-a3b"
+for round in 1 2; do
+  [ $round = 2 ] && [ $SECONDS -gt 330 ] && { echo "round 2 skipped (time)"; break; }
+  for l in lib_all lib_land; do t0=$SECONDS
+    LD_LIBRARY_PATH=$(lib $l) timeout 150 $B/replayssm-bench bench --shapes $ALL --batch 32 256 --window 16 --drafts 8 \
+      --csv $R/record_${l}_$round.csv > $R/record_${l}_$round.txt 2>&1
+    echo "record $l $round rc=$? $((SECONDS-t0))s"
+  done
+done
+grep -H "nvfp4\|verify" $R/record_*_1.txt | grep "|  256 |" | cut -c1-160
+t0=$SECONDS; LD_LIBRARY_PATH=$(lib lib_a) timeout 80 $B/replayssm-bench bench --shapes qwen3.5-4b qwen3.5-122b-a10b \
+  nemotron-3-super nemotron-3-nano-4b --batch 32 256 --window 16 --drafts 8 --csv $R/lib_a.csv > $R/lib_a.txt 2>&1
+echo "lib_a rc=$? $((SECONDS-t0))s"
+for l in lib_all lib_land; do t0=$SECONDS
+  [ $SECONDS -gt 420 ] && break
+  LD_LIBRARY_PATH=$(lib $l) timeout 60 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b --batch 64 128 \
+    --window 16 --drafts 8 --csv $R/ours_${l}_b64_128.csv > $R/ours_${l}_b64_128.txt 2>&1
+  echo "ours $l B=64,128 rc=$? $((SECONDS-t0))s"
+done
+tar -C . -xJf .device/peers_slim.tar.xz
+left=$((${TOTAL:-585} - SECONDS - 15))
+[ $left -gt 30 ] && { t0=$SECONDS; timeout $((left < 120 ? left : 120)) python3 scripts/bench_peers.py --peers vllm \
+  --batch 32 64 128 256 --window 16 --csv $R/peers_vllm.csv > $R/peers_vllm.log 2>&1
+  echo "vllm rc=$? $((SECONDS-t0))s"; tail -n 20 $R/peers_vllm.log; }
+python3 -m pip install --no-deps --no-index .peers/wheels/apache_tvm_ffi-*cp312*.whl > $R/fi_setup.txt 2>&1; echo "tvm_ffi rc=$?"
+left=$((${TOTAL:-585} - SECONDS - 15))
+[ $left -gt 30 ] && { t0=$SECONDS; timeout $left python3 scripts/bench_peers.py --peers flashinfer --batch 32 64 128 256 \
+  --window 16 --csv $R/peers_flashinfer.csv > $R/peers_flashinfer.log 2>&1
+  echo "flashinfer rc=$? $((SECONDS-t0))s"; tail -n 12 $R/peers_flashinfer.log; }
+pack_results
