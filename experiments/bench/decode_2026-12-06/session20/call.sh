@@ -32,7 +32,7 @@ t0=$SECONDS; LD_LIBRARY_PATH=$(lib lib_all) timeout 150 compute-sanitizer --tool
 echo "memcheck lib_all rc=$? $((SECONDS-t0))s $(tail -n 1 $R/memcheck_all.txt)"
 ALL="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b kimi-linear-48b-a3b"
 for round in 1 2; do
-  [ $round = 2 ] && [ $SECONDS -gt 330 ] && { echo "round 2 skipped (time)"; break; }
+  [ $round = 2 ] && [ $SECONDS -gt $((${TOTAL:-585} * 56 / 100)) ] && { echo "round 2 skipped (time)"; break; }
   for l in lib_all lib_land; do t0=$SECONDS
     LD_LIBRARY_PATH=$(lib $l) timeout 150 $B/replayssm-bench bench --shapes $ALL --batch 32 256 --window 16 --drafts 8 \
       --csv $R/record_${l}_$round.csv > $R/record_${l}_$round.txt 2>&1
@@ -44,7 +44,7 @@ t0=$SECONDS; LD_LIBRARY_PATH=$(lib lib_a) timeout 80 $B/replayssm-bench bench --
   nemotron-3-super nemotron-3-nano-4b --batch 32 256 --window 16 --drafts 8 --csv $R/lib_a.csv > $R/lib_a.txt 2>&1
 echo "lib_a rc=$? $((SECONDS-t0))s"
 for l in lib_all lib_land; do t0=$SECONDS
-  [ $SECONDS -gt 420 ] && break
+  [ $SECONDS -gt $((${TOTAL:-585} - 165)) ] && break
   LD_LIBRARY_PATH=$(lib $l) timeout 60 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b --batch 64 128 \
     --window 16 --drafts 8 --csv $R/ours_${l}_b64_128.csv > $R/ours_${l}_b64_128.txt 2>&1
   echo "ours $l B=64,128 rc=$? $((SECONDS-t0))s"
