@@ -85,7 +85,6 @@ constexpr bool flush_rows_streamed() {
   return RecurF == StorageFormat::fp32 && flush_fold_buffer(DK) && !kExtras;
 }
 
-constexpr int kMmaTiles = 8;  // m-tiles of dk = 128 columns
 __device__ __forceinline__ int fold_slot(int row) { return (row % 2) * 4 + row / 2; }  // the buffer's row order
 
 // acc = gamma x the warp's rows in the buffer, read in the mma layout.
@@ -101,11 +100,6 @@ __device__ __forceinline__ void fold_accumulators_from_buffer(const float* buf, 
     acc[2 * c + 1][0] = gamma * r0.z, acc[2 * c + 1][1] = gamma * r1.z, acc[2 * c + 1][2] = gamma * r0.w,
                    acc[2 * c + 1][3] = gamma * r1.w;
   }
-}
-
-// The lane's piece c of row 2t + odd in the mma layout: columns 4g + 32c .. + 3.
-__device__ __forceinline__ float4 fold_piece(const float (&acc)[kMmaTiles][4], int c, int odd) {
-  return make_float4(acc[2 * c][odd], acc[2 * c][2 + odd], acc[2 * c + 1][odd], acc[2 * c + 1][2 + odd]);
 }
 
 // dot[odd] = row 2t + odd of the warp's tile (mma layout) times `vec` (dk floats in shared memory): the
@@ -128,37 +122,6 @@ __device__ __forceinline__ void fold_row_dots(const float (&acc)[kMmaTiles][4], 
     for (int odd = 0; odd < 2; ++odd) dot[odd] += __shfl_xor_sync(kFullMask, dot[odd], mask);
 }
 
-// acc += the staged records' rank-`staged` update for the warp's rows row0 .. row0 + 7 of one head:
-// coef(p, row) = w_p v_p[row], the coefficient of record p for a row of the head (row < dv).
-template <int DK, class Coefficient>
-__device__ __forceinline__ void fold_records_mma(float (&acc)[kMmaTiles][4], const float* keys, Coefficient&& coef, int dv,
-                                                 int row0, int staged) {
-  constexpr int KS = flush_key_stride(DK);
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const bool row_valid = row0 + g < dv;  // rows past dv: zero coefficients (their x is zero and not stored)
-  for (int r0 = 0; r0 < staged; r0 += 8) {
-    const int ra = r0 + t, rb = r0 + t + 4;  // the lane's records: K index t and t + 4
-    const bool va = ra < staged, vb = rb < staged;
-    const float ca = va && row_valid ? coef(ra, row0 + g) : 0.0f;
-    const float cb = vb && row_valid ? coef(rb, row0 + g) : 0.0f;
-    const uint32_t ca_hi = to_tf32(ca), cb_hi = to_tf32(cb);
-    const uint32_t ca_lo = to_tf32(ca - __uint_as_float(ca_hi)), cb_lo = to_tf32(cb - __uint_as_float(cb_hi));
-#pragma unroll
-    for (int c = 0; c < kMmaTiles / 2; ++c) {
-      // Records past `staged` (the last chunk's padding) read as zero: that shared memory is not written.
-      const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      const float4 ka = va ? *reinterpret_cast<const float4*>(keys + ra * KS + 4 * g + 32 * c) : zero;
-      const float4 kb = vb ? *reinterpret_cast<const float4*>(keys + rb * KS + 4 * g + 32 * c) : zero;
-      const uint32_t a_even[4] = {__float_as_uint(ka.x), __float_as_uint(ka.y), __float_as_uint(kb.x), __float_as_uint(kb.y)};
-      const uint32_t a_odd[4] = {__float_as_uint(ka.z), __float_as_uint(ka.w), __float_as_uint(kb.z), __float_as_uint(kb.w)};
-      mma_tf32(acc[2 * c], a_even, ca_hi, cb_hi);
-      mma_tf32(acc[2 * c], a_even, ca_lo, cb_lo);
-      mma_tf32(acc[2 * c + 1], a_odd, ca_hi, cb_hi);
-      mma_tf32(acc[2 * c + 1], a_odd, ca_lo, cb_lo);
-    }
-  }
-}
-
 // The fold for rows held in registers in the checkpoint layout (x[j]: row j, columns 4 lane .. + 3):
 // through the warp's buffer into the mma layout and back.
 template <int DK>
@@ -176,7 +139,7 @@ __device__ __forceinline__ void fold_window_mma(float (*x)[FlushRows<DK>::P][4],
   __syncwarp();
   float acc[kMmaTiles][4];
   fold_accumulators_from_buffer<DK>(buf, gamma, acc);
-  fold_records_mma<DK>(acc, sh.keys, [&](int p, int row) { return vals[p * dv + row]; }, dv, row0, staged);
+  fold_records_mma<flush_key_stride(DK)>(acc, sh.keys, [&](int p, int row) { return vals[p * dv + row]; }, dv, row0, staged);
   __syncwarp();
 #pragma unroll
   for (int c = 0; c < kMmaTiles / 2; ++c)
@@ -263,7 +226,7 @@ __device__ __forceinline__ void flush_tile(const ReplayArgs& A, const BlockGeome
   }
   // The records as the ring stores them (stage_window_records: Mamba-2 bf16 v, GDN fp32 u, [p][NH dv]), each
   // weighted here: w_p v_p[row], the same single product the weighted staging stored.
-  fold_records_mma<DK>(
+  fold_records_mma<flush_key_stride(DK)>(
       acc, sh.keys,
       [&](int p, int row) {
         const int at = (p * bg.NH + n) * dv + row;

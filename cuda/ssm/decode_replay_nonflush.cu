@@ -35,26 +35,47 @@ __device__ __forceinline__ void load_checkpoint_batch(const HeadView rv, const f
   }
 }
 
-// Loads of one (tile, slab) unit of the tensor-core read (mma_read.cuh): the lane's pieces of rows g
-// and g + 8 of 16-row tile `local_tile` of this warp, columns slab * 4E + t * E; zeros for tiles past
-// the block's rows and for heads whose read is skipped (appendix F). Tiles never straddle heads (dv % 16 == 0).
-template <StorageFormat R, int DK>
-__device__ __forceinline__ MmaReadUnit load_mma_unit(const HeadView& rv, const float* tensor_scales, std::size_t hb0,
-                                                     const SmallDiv& head_of_row, int tiles, int local_tile, int slab,
-                                                     const float* skipped) {
-  constexpr int E = FormatTraits<R>::kElementsPerPiece;
+// Where a lane's loads of the tensor-core read (mma_read.cuh) start: its 16-byte piece of row g of the
+// warp's first 16-row tile (columns t * E .. + E) and that piece's two scale codes. The NH heads' rows
+// are one tall matrix, so the warp's local tile j lies j * kWarps * 16 rows further and row g + 8 a
+// constant 8 rows further: one multiply per unit, where indexing each piece from (row, column) in 64 bits
+// took about 45 of the unit's 270 instructions (SASS of the Mamba-2 instance, 2026-12-05).
+struct MmaReadCursor {
+  const uint8_t* payload;
+  const uint8_t* scale_codes;
+};
+
+template <int DK>
+__device__ __forceinline__ MmaReadCursor mma_read_cursor(const HeadView& rv) {
+  constexpr int E = FormatTraits<StorageFormat::nvfp4>::kElementsPerPiece;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int tile = local_tile * kWarps + warp, row0 = tile * 16;
+  const int i = (warp * 16 + lane / 4) * DK + (lane % 4) * E;  // the piece's first element
+  return {rv.payload + i / 2, rv.scale_codes + i / formats::kNvfp4BlockSize};
+}
+
+// Loads of local tile `local_tile` of this warp (one unit: at dk = 128 a tile is one 4E-column slab): the
+// lane's pieces of rows g and g + 8 and the tile's NVFP4 tensor scale; zeros for tiles past the block's
+// rows and for heads whose read is skipped (appendix F). Tiles never straddle heads (dv % 16 == 0).
+template <int DK>
+__device__ __forceinline__ MmaReadUnit load_mma_unit(const MmaReadCursor& c, const float* tensor_scales, std::size_t hb0,
+                                                     const SmallDiv& head_of_row, int tiles, int local_tile,
+                                                     const float* skipped) {
+  constexpr int kRowBytes = DK / 2, kRowCodes = DK / formats::kNvfp4BlockSize;
+  const int tile = local_tile * kWarps + threadIdx.x / 32;
   MmaReadUnit u{};
   u.tensor_scale = 1.0f;
   bool valid = tile < tiles;
-  const int head = valid ? head_of_row(row0) : 0;
+  const int head = valid ? head_of_row(tile * 16) : 0;
   if (valid && skipped) valid = skipped[head] == 0.0f;
   if (valid) {
-    const int col = slab * 4 * E + (lane % 4) * E, row = row0 + lane / 4;
-    u.row_g = load_raw_piece<R, DK>(rv, row, col);
-    u.row_g8 = load_raw_piece<R, DK>(rv, row + 8, col);
-    if constexpr (R == StorageFormat::nvfp4) u.tensor_scale = tensor_scales[hb0 + head];
+    const int rows = local_tile * kWarps * 16;
+    const uint8_t* p = c.payload + rows * kRowBytes;
+    const uint8_t* s = c.scale_codes + rows * kRowCodes;
+    u.row_g.bits = *reinterpret_cast<const uint4*>(p);
+    u.row_g8.bits = *reinterpret_cast<const uint4*>(p + 8 * kRowBytes);
+    u.row_g.aux = *reinterpret_cast<const uint16_t*>(s);
+    u.row_g8.aux = *reinterpret_cast<const uint16_t*>(s + 8 * kRowCodes);
+    u.tensor_scale = tensor_scales[hb0 + head];
   }
   return u;
 }
@@ -187,27 +208,57 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
       // Units (tile, slab): S slabs per 16-row tile (1 for NVFP4 at dk = 128), kUnits in flight; a loop
       // iteration covers G tiles so that every slab and buffer index is a compile-time constant.
       constexpr int S = DK / (4 * E), kUnits = 2, G = S >= kUnits ? 1 : kUnits / S, UI = G * S;
+      static_assert(S == 1, "load_mma_unit loads whole 16-row tiles (one slab at dk = 128)");
       const int tiles = rows_total / 16;
       const int my_tiles = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;
+      const MmaReadCursor cursor = mma_read_cursor<DK>(rv);
       MmaReadUnit buf[kUnits];
 #pragma unroll
-      for (int j = 0; j < kUnits; ++j)
-        buf[j] = load_mma_unit<R, DK>(rv, tensor_scales, hb0, head_of_row, tiles, j / S, j % S, skipped);
+      for (int j = 0; j < kUnits; ++j) buf[j] = load_mma_unit<DK>(cursor, tensor_scales, hb0, head_of_row, tiles, j, skipped);
       // B (q, k as 16-bit operands) once per block into shared memory; read after the record phase's barrier.
+      // Mamba-2 (q only) takes the lane-column layout of mma_read.cuh, GDN the shared columns.
+      constexpr bool kLaneColumns = NV == 1;
       const int sq = mma_vector_exponent<DK>(q_t), sk = NV == 2 ? mma_vector_exponent<DK>(k_t) : 0;
-      build_mma_b_table<DK>(q_t, NV == 2 ? k_t : nullptr, sq, sk, sh.mma_b);
+      build_mma_b_table<DK, kLaneColumns>(q_t, NV == 2 ? k_t : nullptr, sq, sk, sh.mma_b);
       nonflush_record_phase<K, DK>(A, bg, win, sh, h0, staged, q_t, k_t);
       __syncthreads();
       uint32_t b[DK / 8];
-      const float unscale = load_mma_b<DK>(sh.mma_b, sq, sk, b);
+      const float unscale = load_mma_b<DK, kLaneColumns>(sh.mma_b, sq, sk, b);
       const int g = lane / 4, t = lane % 4;
       for (int lt0 = 0; lt0 < my_tiles; lt0 += G) {
         float d[G][4];
 #pragma unroll
         for (int j = 0; j < UI; ++j) {
           const MmaReadUnit cur = buf[j % kUnits];
-          buf[j % kUnits] = load_mma_unit<R, DK>(rv, tensor_scales, hb0, head_of_row, tiles, lt0 + (j + kUnits) / S,
-                                                 (j + kUnits) % S, skipped);
+          buf[j % kUnits] = load_mma_unit<DK>(cursor, tensor_scales, hb0, head_of_row, tiles, lt0 + j + kUnits, skipped);
+          if constexpr (kLaneColumns) {
+            // Block sums of the lane's own pieces (d[blk]: rows g in 0, 1; g + 8 in 2, 3), each times its
+            // block scale; the 4 lanes of a row group then add up (S == 1: a unit is a whole tile).
+            float db[2][4] = {};
+            uint32_t ag[E / 2], ag8[E / 2];
+            nvfp4_piece_codes(cur.row_g, ag);
+            nvfp4_piece_codes(cur.row_g8, ag8);
+#pragma unroll
+            for (int m = 0; m < E / 4; ++m)
+              mma_f16_16816(db[m / (E / 8)], ag[2 * m], ag8[2 * m], ag[2 * m + 1], ag8[2 * m + 1], b[2 * m], b[2 * m + 1]);
+            float sg[2], sg8[2];
+            nvfp4_block_scales(cur.row_g.aux, sg);
+            nvfp4_block_scales(cur.row_g8.aux, sg8);
+            float yg = fmaf(db[1][0] + db[1][1], sg[1], (db[0][0] + db[0][1]) * sg[0]);
+            float yg8 = fmaf(db[1][2] + db[1][3], sg8[1], (db[0][2] + db[0][3]) * sg8[0]);
+#pragma unroll
+            for (int off = 1; off < 4; off *= 2) {
+              yg += __shfl_xor_sync(kFullMask, yg, off);
+              yg8 += __shfl_xor_sync(kFullMask, yg8, off);
+            }
+            const int tile = (lt0 + j) * kWarps + warp;
+            if (tile < tiles && t == 0) {
+              const float f = unscale * cur.tensor_scale;
+              sh.rows1[tile * 16 + g] = yg * f;
+              sh.rows1[tile * 16 + g + 8] = yg8 * f;
+            }
+            continue;
+          }
           const int s = j % S, gi = j / S;
           if (s == 0) d[gi][0] = d[gi][1] = d[gi][2] = d[gi][3] = 0.0f;
           uint32_t ag[E / 2], ag8[E / 2];

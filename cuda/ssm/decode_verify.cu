@@ -60,52 +60,72 @@ struct VerifyArgs {
 
 __host__ __device__ inline std::size_t align4(std::size_t floats) { return (floats + 3) / 4 * 4; }
 
-// HM = max(L, T_max): a commit can leave h = L committed records (no flush: h + a <= L), or h = a <= T_max
-// after a flush.
-__host__ __device__ inline std::size_t verify_shared_floats(int HM, int T, int DK, int dv, int NH) {
+// The streamed tensor-core verification (verify_on_tensor_cores) keeps its committed keys at a stride of
+// dk + 8 floats, the flush fold's (fold_records_mma reads them without bank conflicts there), and one buffer
+// of kVerifyTileRows checkpoint rows per warp at a stride of dk + 4: the 16-byte reads of a row's 8 columns (B
+// fragments, lane (g, t): row g) and of a column piece of rows 2t, 2t + 1 (the fold's accumulators) then
+// fall in distinct banks for the 8 lanes of a quarter warp (row r starts 4r banks on).
+constexpr int kVerifyTileRows = 8;  // checkpoint rows of one warp's tile in the streamed verification
+__host__ __device__ constexpr int verify_key_stride(int DK, bool streamed) { return streamed ? DK + 8 : DK; }
+__host__ __device__ constexpr int verify_tile_stride(int DK) { return DK + 4; }
+// The drafts' q and k for the products' A fragments, bf16 as given, [2][8][DK + 32] (a row pad of 16 banks:
+// lanes g and g + 1 of a quarter warp read 16-byte pieces of rows g and g + 1, 8t words in).
+__host__ __device__ constexpr int verify_draft_stride(int DK) { return DK + 32; }
+
+// The floats before the row buffers (16-byte aligned: the buffers start there). HM = max(L, T_max): a commit
+// can leave h = L committed records (no flush: h + a <= L), or h = a <= T_max after a flush.
+__host__ __device__ inline std::size_t verify_staging_floats(int HM, int T, int DK, int dv, int NH, bool streamed) {
   const int L = HM, n = HM + T;  // positions a verify step can see: h <= HM committed (+ T drafts)
-  return align4(static_cast<std::size_t>(NH) * n * dv)  // record vectors (v or u) per head
-         + static_cast<std::size_t>(L) * DK          // committed keys (flush fold)
+  return align4(align4(static_cast<std::size_t>(NH) * n * dv)  // record vectors (v or u) per head
+         + static_cast<std::size_t>(L) * verify_key_stride(DK, streamed)  // committed keys (flush fold)
          + 2 * static_cast<std::size_t>(n) * T       // key products kq, kk
-         + static_cast<std::size_t>(NH) * n * T      // decay weights per head
+         + 2 * static_cast<std::size_t>(NH) * n * T  // weighted key products per head (cq, ck)
          + static_cast<std::size_t>(NH) * n          // decays
          + 2 * static_cast<std::size_t>(NH) * T      // d_s, beta_s
          + 2 * static_cast<std::size_t>(NH) * dv * T   // S q_s, S k_s
-         + static_cast<std::size_t>(NH) * (L + 1);      // flush weights and gamma per head
+         + static_cast<std::size_t>(NH) * (L + 1));     // flush weights and gamma per head
+}
+__host__ __device__ inline std::size_t verify_shared_floats(int HM, int T, int DK, int dv, int NH, bool streamed) {
+  return verify_staging_floats(HM, T, DK, dv, NH, streamed) +
+         (streamed ? static_cast<std::size_t>(kWarps) * kVerifyTileRows * verify_tile_stride(DK)  // row buffers
+                       + 2 * 8 * verify_draft_stride(DK) / 2                                       // drafts (bf16)
+                   : 0);
 }
 
-// The lane's 8 columns from `col` of rows a and b of an FP32 checkpoint (zeros for a row past the end).
-// A plain function, not a lambda: a closure holding the arrays would put them in local memory.
-template <int DK>
-__device__ __forceinline__ void load_row_chunk(const HeadView& ck, int row_a, int row_b, bool valid_a, bool valid_b, int col,
-                                               float (&a)[8], float (&b)[8]) {
+// Starts loading the warp's tile of kVerifyTileRows checkpoint rows R0 .. (rows of the block's FP32
+// checkpoint, dk columns each) into its buffer (rows TS floats apart) by cp.async; rows at or past
+// rows_total are zero-filled instead of read.
+template <int DK, int TS>
+__device__ __forceinline__ void prefetch_verify_tile(const float* block_rows, int R0, int rows_total, float* buf) {
+  const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int h4 = 0; h4 < 2; ++h4) {
-    if (valid_a) load4<StorageFormat::fp32, DK>(ck, row_a, col + 4 * h4, a + 4 * h4);
-    else a[4 * h4] = a[4 * h4 + 1] = a[4 * h4 + 2] = a[4 * h4 + 3] = 0.0f;
-    if (valid_b) load4<StorageFormat::fp32, DK>(ck, row_b, col + 4 * h4, b + 4 * h4);
-    else b[4 * h4] = b[4 * h4 + 1] = b[4 * h4 + 2] = b[4 * h4 + 3] = 0.0f;
+  for (int j = 0; j < kVerifyTileRows; ++j) {
+    const bool valid = R0 + j < rows_total;
+    const float* const row = block_rows + static_cast<std::size_t>(valid ? R0 + j : 0) * DK;
+#pragma unroll
+    for (int piece = lane; piece < DK / 4; piece += 32) copy_async16(buf + j * TS + 4 * piece, row + 4 * piece, valid);
   }
+  copy_async_commit();
 }
 
 // Output-only verification of T drafts for NH heads from an FP32 checkpoint (Algorithm 2; GDN: the
 // UT transform, solved per row by forward substitution). A flush (h + T > L) folds the h committed
 // records into the same streamed rows and writes them back.
 // Where the checkpoint stream (and a flush's fold) runs on the tensor cores instead of the CUDA cores.
-// Chosen by measurement (H200, B = 32 and 256, four paper shapes, both variants alternating;
-// experiments/bench/decode_2026-12-04/call2_mma_verify/): GDN at dk = 128 with T = 8 drafts takes
-// 0.73-0.79 of the CUDA-core time without a flush and 0.90-0.93 with one, at T = 4 0.82-1.02 and
-// 0.74-0.98. At T <= 2 and for Mamba-2 (dv rows per head, one product per draft) the CUDA-core stream at
-// 3 blocks per SM is faster: the tensor-core one needs 128 registers (2 blocks per SM), and with fewer
-// instructions to hide, the lost occupancy costs more than the mma saves. Other dk are not measured.
+// Chosen by measurement of the register-fed tensor-core stream this one replaced (H200; decode_2026-12-04/
+// call2_mma_verify/): GDN at dk = 128, T = 8 took 0.73-0.79 of the CUDA-core time without a flush, 0.90-0.93
+// with one (T = 4: 0.82-1.02, 0.74-0.98); at T <= 2 and for Mamba-2 the CUDA-core stream at 3 blocks per SM
+// won (the tensor-core one: 128 registers, 2 blocks per SM). Streaming the rows by cp.async then took GDN's
+// verification with a flush from 571 to 479 us (B = 256, H200; decode_2026-12-06/session20/). The choice
+// between the engines was not re-measured since. Other dk are not measured.
 template <ssm::Recurrence K, int DK, int TD>
 constexpr bool verify_on_tensor_cores() {
   return K == ssm::Recurrence::gdn && DK == 128 && TD >= 4;
 }
 
 // Blocks per SM the verify kernel's registers are sized for: the key products hold T drafts' query (and
-// key) slices, 4T (8T) per lane at dk = 128; the tensor-core stream the drafts' B fragments (dk / 4 per
-// lane, as many again for the keys) beside 16 state values per row pair (at 80 registers it spills).
+// key) slices, 4T (8T) per lane at dk = 128; the tensor-core stream a tile's B fragments and fold accumulators
+// (32 + 32 per lane). Its shared memory (about 94 KB per block at NH = 2) allows 2 blocks per SM anyway.
 template <ssm::Recurrence K, int DK, int TD>
 constexpr int verify_min_blocks() {
   if (DK == 256) return 1;
@@ -125,18 +145,28 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
   const int h = win.h, n = h + TD, HM = A.max_committed, NP = HM + TD;
   if (h > HM) __trap();  // the launcher sizes HM for every h a commit can leave
   const bool flush = h + TD > A.window;
+  constexpr bool kStreamed = verify_on_tensor_cores<K, DK, TD>();
+  constexpr int KS = verify_key_stride(DK, kStreamed), TS = verify_tile_stride(DK);
   float* s_vals = smem;                                   // [NH][n][dv]
   float* s_keys = s_vals + align4(static_cast<std::size_t>(NH) * NP * dv);  // [h][DK], 16-byte aligned
-  float* s_kq = s_keys + static_cast<std::size_t>(HM) * DK;          // [n][TD]
+  float* s_kq = s_keys + static_cast<std::size_t>(HM) * KS;          // [n][TD]
   float* s_kk = s_kq + NP * TD;
-  float* s_w = s_kk + NP * TD;                            // [NH][n][TD]
-  float* s_a = s_w + NH * NP * TD;                        // [NH][n]
+  float* s_cq = s_kk + NP * TD;                           // [NH][n][TD] w_{p,s} (k_p . q_s), 16-byte aligned at TD % 4 = 0
+  float* s_ck = s_cq + NH * NP * TD;                      // [NH][n][TD] w_{p,s} (k_p . k_s) (GDN)
+  float* s_a = s_ck + NH * NP * TD;                       // [NH][n]
   float* s_d = s_a + NH * NP;                             // [NH][TD]
   float* s_beta = s_d + NH * TD;                          // [NH][TD]
   float* s_rows = s_beta + NH * TD;                       // [2][TD][NH*dv] (row-minor: conflict-free reads)
   float* s_fw = s_rows + 2 * NH * dv * TD;                // [NH][HM] flush weights prod_{l=p+1}^{h-1} a_l
   float* s_fg = s_fw + NH * HM;                           // [NH] flush gamma prod_{l<h} a_l
   const std::size_t hb0 = static_cast<std::size_t>(bg.b) * bg.H + bg.head0;
+  // Streamed: [kWarps][kVerifyTileRows][TS] row buffers, then the drafts' bf16 q and k [2][8][DS].
+  float* const s_tiles = smem + verify_staging_floats(HM, TD, DK, dv, NH, kStreamed);
+  __nv_bfloat16* const s_drafts = reinterpret_cast<__nv_bfloat16*>(s_tiles + kWarps * kVerifyTileRows * TS);
+  constexpr int DS = verify_draft_stride(DK);
+  if constexpr (kStreamed)  // the warp's first tile loads while the block stages its records
+    prefetch_verify_tile<DK, TS>(reinterpret_cast<const float*>(head_view(A.ckpt, hb0, dv, DK).payload),
+                                 kVerifyTileRows * warp, NH * dv, s_tiles + static_cast<std::size_t>(warp) * kVerifyTileRows * TS);
   auto draft_k = [&](int s) { return A.in.k + ((static_cast<std::size_t>(bg.b) * TD + s) * bg.G + bg.g) * DK; };
   auto draft_q = [&](int s) { return A.in.q + ((static_cast<std::size_t>(bg.b) * TD + s) * bg.G + bg.g) * DK; };
   auto key_at = [&](int p) { return p >= h ? draft_k(p - h) : A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK; };
@@ -218,7 +248,10 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
           return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(
               A.rec.k + (ring_slot(A.rec, bg.b, win, p) * bg.G + bg.g) * DK)[i % (DK / 2)]);
         },
-        [&](int i, float2 x) { reinterpret_cast<float2*>(s_keys)[i] = x; });
+        [&](int i, float2 x) {
+          if constexpr (KS == DK) reinterpret_cast<float2*>(s_keys)[i] = x;
+          else reinterpret_cast<float2*>(s_keys + (2 * i / DK) * KS)[i % (DK / 2)] = x;
+        });
   // The drafts' queries (and keys), lane slices for the streamed rows and the key products.
   float qv[TD][P][E], kv[K == ssm::Recurrence::gdn ? TD : 1][P][E];
 #pragma unroll
@@ -235,11 +268,15 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
     if (v == 0 ? p <= h + s : p < h + s) (v == 0 ? s_kq : s_kk)[p * TD + s] = sum;
   });
   __syncthreads();
-  for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) {  // w[p][s] = prod_{l=p+1}^{h+s} a_l, d_s
+  // w[p][s] = prod_{l=p+1}^{h+s} a_l, d_s, and the record coefficients the outputs and corrections take,
+  // the same for every row of a head: cq[p][s] = w[p][s] (k_p . q_s) (p <= h + s), ck[p][s] = w[p][s] (k_p .
+  // k_s) (p < h + s; GDN).
+  for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) {
     const int nn = idx / TD, s = idx % TD;
     float w = 1.0f;
     for (int p = h + s; p >= 0; --p) {
-      s_w[(nn * NP + p) * TD + s] = w;
+      s_cq[(nn * NP + p) * TD + s] = w * s_kq[p * TD + s];
+      if (K == ssm::Recurrence::gdn) s_ck[(nn * NP + p) * TD + s] = p < h + s ? w * s_kk[p * TD + s] : 0.0f;
       w *= s_a[nn * NP + p];
     }
     s_d[nn * TD + s] = w;
@@ -252,114 +289,114 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
       if (lane + 32 < h) s_fw[nn * HM + lane + 32] = fw.hi;
       if (lane == 0) s_fg[nn] = fw.gamma;
     }
+  if constexpr (kStreamed) {  // the drafts' q and k as stored (drafts past TD: zero)
+    for (int piece = threadIdx.x; piece < 2 * 8 * DK / 8; piece += kThreads) {
+      const int v = piece / (8 * DK / 8), s = piece / (DK / 8) % 8, col = 8 * (piece % (DK / 8));
+      copy_async16(s_drafts + (v * 8 + s) * DS + col, (v == 0 ? draft_q(s < TD ? s : 0) : draft_k(s < TD ? s : 0)) + col, s < TD);
+    }
+    copy_async_commit();
+    copy_async_wait_all();
+  }
   // One streaming read of the NH checkpoints: S q_s (and S k_s) for every draft; a flush folds the
   // committed records into the streamed rows and writes them back.
   __syncthreads();
   const HeadView ck = head_view(A.ckpt, hb0, dv, DK);
   const int rows_total = NH * dv;
-  if constexpr (verify_on_tensor_cores<K, DK, TD>()) {
-    // On the tensor cores (m16n8k8 TF32, fp32 accumulation). A warp takes 16 rows (lane: rows
-    // g = lane / 4 and g + 8) and walks dk in chunks of 32 columns (lane: columns 32c + 8t .. +7,
-    // t = lane % 4: two 16-byte loads per row). Chunk step i gives k slot t column 32c + 8t + 2i and slot t + 4 the next column, in A and B
-    // alike (any assignment of columns to k slots gives the same sums). B's column n is draft n (zero for
-    // n >= TD). FP32 S enters as hi + lo, two TF32 terms (2^-22 relative); q and k are bf16, exact in TF32,
-    // and a TF32 x bf16 product is exact in fp32. Only the summation order differs from the CUDA-core
-    // stream, and, after a flush, the written checkpoint's last bits (the fold sums 8 records per mma).
-    constexpr int NV = K == ssm::Recurrence::gdn ? 2 : 1;
+  if constexpr (kStreamed) {
+    // On the tensor cores (m16n8k8 TF32, fp32 accumulation), the rows streamed through the warp's buffer
+    // by cp.async: a warp's tiles are rows 8 (warp + kWarps i) .. + 7, and tile i + 1 loads while tile i
+    // computes (its products, its fold and stores). The products D = V S^T: M = 16 vectors (m = s: q_s,
+    // m = 8 + s: k_s, zero for s >= TD), N = the tile's 8 rows, K = 8 columns per step. A = the drafts'
+    // bf16 values (exact in TF32), B = the FP32 rows as hi + lo, two TF32 terms (2^-22 relative); a TF32 x
+    // bf16 product is exact in fp32. Step (c, i) gives k slot t column 32c + 8t + 2i and slot t + 4 the next
+    // column (any assignment of columns to k slots gives the same sums): lane (g, t)'s A registers are
+    // then one bf16 pair of draft g's q (k), and its B registers two adjacent columns of row g. Only the
+    // summation order differs from the CUDA-core stream. A flush (h > 0) folds the committed records into
+    // the tile as the standard flush does (fold_records_mma), and stores it: gamma S + U, U = sum_{p<h}
+    // c_p k_p^T with c_p = prod_{l=p+1}^{h-1} a_l u_p per row.
+    static_assert(K == ssm::Recurrence::gdn && DK == 128 && TD <= 8, "the streamed verification serves GDN at dk = 128");
     constexpr int kChunks = DK / 32;
-    static_assert(TD <= 8 && DK % 32 == 0, "one m16n8 tile holds at most 8 drafts; chunks of 32 columns");
     const int g = lane / 4, t = lane % 4;
-    // Draft g's q (and k) at the lane's columns, as bf16 pairs (column 32c + 8t + 2p in the low half).
-    uint32_t bpair[NV][kChunks][4];
-#pragma unroll
-    for (int v = 0; v < NV; ++v)
+    const bool folding = flush && h > 0;
+    const float* const block_rows = reinterpret_cast<const float*>(ck.payload);
+    float* const buf = s_tiles + static_cast<std::size_t>(warp) * kVerifyTileRows * TS;
+    constexpr int kTileStep = kWarps * kVerifyTileRows;
+    for (int R0 = kVerifyTileRows * warp; R0 < rows_total; R0 += kTileStep) {  // warp-uniform: mma needs all 32 lanes
+      copy_async_wait_all();
+      __syncwarp();
+      float x[kChunks][8];  // row g, columns 32c + 8t .. + 7 (B fragments)
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        uint4 raw = make_uint4(0, 0, 0, 0);
-        if (g < TD) raw = *reinterpret_cast<const uint4*>((v == 0 ? draft_q(g) : draft_k(g)) + 32 * c + 8 * t);
-        bpair[v][c][0] = raw.x, bpair[v][c][1] = raw.y, bpair[v][c][2] = raw.z, bpair[v][c][3] = raw.w;
+        const float4 lo = *reinterpret_cast<const float4*>(buf + g * TS + 32 * c + 8 * t);
+        const float4 hi = *reinterpret_cast<const float4*>(buf + g * TS + 32 * c + 8 * t + 4);
+        x[c][0] = lo.x, x[c][1] = lo.y, x[c][2] = lo.z, x[c][3] = lo.w, x[c][4] = hi.x, x[c][5] = hi.y, x[c][6] = hi.z, x[c][7] = hi.w;
       }
-    for (int R0 = warp * 16; R0 < rows_total; R0 += kWarps * 16) {  // warp-uniform: mma needs all 32 lanes
-      const int row_a = R0 + g, row_b = R0 + g + 8;
-      const bool valid_a = row_a < rows_total, valid_b = row_b < rows_total;
-      float d[NV][4];
+      float acc[kMmaTiles][4];  // the fold's accumulators: rows 2t, 2t + 1 in the mma layout (mma_tf32.cuh)
+      if (folding)
 #pragma unroll
-      for (int v = 0; v < NV; ++v) d[v][0] = d[v][1] = d[v][2] = d[v][3] = 0.0f;
+        for (int c = 0; c < kMmaTiles / 2; ++c) {
+          const float4 r0 = *reinterpret_cast<const float4*>(buf + (2 * t) * TS + 4 * g + 32 * c);
+          const float4 r1 = *reinterpret_cast<const float4*>(buf + (2 * t + 1) * TS + 4 * g + 32 * c);
+          acc[2 * c][0] = r0.x, acc[2 * c][1] = r1.x, acc[2 * c][2] = r0.y, acc[2 * c][3] = r1.y;
+          acc[2 * c + 1][0] = r0.z, acc[2 * c + 1][1] = r1.z, acc[2 * c + 1][2] = r0.w, acc[2 * c + 1][3] = r1.w;
+        }
+      __syncwarp();  // every lane has read the buffer: the next tile may overwrite it
+      if (R0 + kTileStep < rows_total) prefetch_verify_tile<DK, TS>(block_rows, R0 + kTileStep, rows_total, buf);
+      // Two accumulators (the hi and the lo terms) halve the chain of dependent products.
+      float d[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        float a[8], b[8];  // latency: the other resident warps' loads cover it (no second buffer: registers)
-        load_row_chunk<DK>(ck, row_a, row_b, valid_a, valid_b, 32 * c + 8 * t, a, b);
+        // Draft g's q and k at the lane's columns, as bf16 pairs (column 32c + 8t + 2i in the low half); read
+        // here, not kept in registers across the tiles (32 registers: the instance spilled).
+        const uint4 q8 = *reinterpret_cast<const uint4*>(s_drafts + g * DS + 32 * c + 8 * t);
+        const uint4 k8 = *reinterpret_cast<const uint4*>(s_drafts + (8 + g) * DS + 32 * c + 8 * t);
+        const uint32_t qp[4] = {q8.x, q8.y, q8.z, q8.w}, kp[4] = {k8.x, k8.y, k8.z, k8.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const uint32_t hi[4] = {to_tf32(a[2 * i]), to_tf32(b[2 * i]), to_tf32(a[2 * i + 1]), to_tf32(b[2 * i + 1])};
-          const uint32_t lo[4] = {to_tf32(a[2 * i] - __uint_as_float(hi[0])), to_tf32(b[2 * i] - __uint_as_float(hi[1])),
-                                  to_tf32(a[2 * i + 1] - __uint_as_float(hi[2])), to_tf32(b[2 * i + 1] - __uint_as_float(hi[3]))};
-#pragma unroll
-          for (int v = 0; v < NV; ++v) {
-            const uint32_t b0 = bpair[v][c][i] << 16, b1 = bpair[v][c][i] & 0xFFFF0000u;  // bf16 -> fp32 bits
-            mma_tf32(d[v], hi, b0, b1);
-            mma_tf32(d[v], lo, b0, b1);
-          }
+          const uint32_t a[4] = {qp[i] << 16, kp[i] << 16, qp[i] & 0xFFFF0000u, kp[i] & 0xFFFF0000u};  // bf16 -> fp32 bits
+          const uint32_t b0 = to_tf32(x[c][2 * i]), b1 = to_tf32(x[c][2 * i + 1]);
+          mma_tf32(d[0], a, b0, b1);
+          mma_tf32(d[1], a, to_tf32(x[c][2 * i] - __uint_as_float(b0)), to_tf32(x[c][2 * i + 1] - __uint_as_float(b1)));
         }
-        if (flush && h > 0) {
-          // S_new = gamma_h S + U, U = sum_{p<h} c_p k_p^T with c_p = prod_{l=p+1}^{h-1} a_l (v_p or u_p) per row
-          // (Mamba-2: v; GDN: cached u): a rank-h product on the tensor cores, k = 8 records per step.
-          // Its D tile m holds, for lane (g, t), rows g and g + 8 at columns 32c + 8t + 2m and +1: the
-          // lane's own 8 columns, so U adds to the state in place. A = c (fp32, hi + lo), B = the bf16
-          // keys (exact in TF32); records p >= h are zero in both (the keys' shared rows past h are stale).
-          const int na = valid_a ? row_a / dv : 0, ra = row_a % dv, nb = valid_b ? row_b / dv : 0, rb = row_b % dv;
-          float u[4][4];  // [tile m][D register]
+      }
+      // D: lane holds draft g's q (d[0], d[1]) and k (d[2], d[3]) products with rows R0 + 2t and + 1.
 #pragma unroll
-          for (int m = 0; m < 4; ++m) u[m][0] = u[m][1] = u[m][2] = u[m][3] = 0.0f;
-          for (int p0 = 0; p0 < h; p0 += 8) {
-            float cv[4];  // A registers: (row g, record p0 + t), (g + 8, p0 + t), (g, p0 + t + 4), (g + 8, p0 + t + 4)
+      for (int odd = 0; odd < 2; ++odd) {
+        const int row = R0 + 2 * t + odd;
+        if (g < TD && row < rows_total) {
+          s_rows[g * rows_total + row] = d[0][odd] + d[1][odd];
+          s_rows[(TD + g) * rows_total + row] = d[0][2 + odd] + d[1][2 + odd];
+        }
+      }
+      if (folding) {
+        float gamma[2];  // rows 2t and 2t + 1 (a row past the block takes head 0's: it is zero and not stored)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const int p = p0 + t + 4 * (r / 2);
-              const bool upper = r % 2 == 1;
-              const bool ok = p < h && (upper ? valid_b : valid_a);
-              const int nn = upper ? nb : na, rr = upper ? rb : ra;
-              cv[r] = ok ? s_fw[nn * HM + p] * s_vals[(static_cast<std::size_t>(nn) * NP + p) * dv + rr] : 0.0f;
-            }
-            const uint32_t chi[4] = {to_tf32(cv[0]), to_tf32(cv[1]), to_tf32(cv[2]), to_tf32(cv[3])};
-            const uint32_t clo[4] = {to_tf32(cv[0] - __uint_as_float(chi[0])), to_tf32(cv[1] - __uint_as_float(chi[1])),
-                                     to_tf32(cv[2] - __uint_as_float(chi[2])), to_tf32(cv[3] - __uint_as_float(chi[3]))};
-            // B registers of tile m: records p0 + t and p0 + t + 4 at column n = g of the tile, which is the
-            // physical column 32c + 8 (g / 2) + 2m + g % 2 (where lane (g', t') with t' = g / 2 holds it in D).
-            const int pb0 = p0 + t, pb1 = p0 + t + 4;
-            const int colg = 32 * c + 8 * (g / 2) + g % 2;
+        for (int odd = 0; odd < 2; ++odd) {
+          const int row = R0 + 2 * t + odd;
+          gamma[odd] = s_fg[row < rows_total ? row / dv : 0];
+        }
 #pragma unroll
-            for (int m = 0; m < 4; ++m) {
-              const uint32_t k0 = pb0 < h ? __float_as_uint(s_keys[pb0 * DK + colg + 2 * m]) : 0u;
-              const uint32_t k1 = pb1 < h ? __float_as_uint(s_keys[pb1 * DK + colg + 2 * m]) : 0u;
-              mma_tf32(u[m], chi, k0, k1);
-              mma_tf32(u[m], clo, k0, k1);
-            }
-          }
-          const float ga = s_fg[na], gb = s_fg[nb];
+        for (int m = 0; m < kMmaTiles; ++m)
 #pragma unroll
-          for (int m = 0; m < 4; ++m) {  // D registers: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) of tile m
-            a[2 * m] = fmaf(ga, a[2 * m], u[m][0]);
-            a[2 * m + 1] = fmaf(ga, a[2 * m + 1], u[m][1]);
-            b[2 * m] = fmaf(gb, b[2 * m], u[m][2]);
-            b[2 * m + 1] = fmaf(gb, b[2 * m + 1], u[m][3]);
-          }
+          for (int e = 0; e < 4; ++e) acc[m][e] *= gamma[e % 2];
+        // The coefficients of row R0 + g (fold_records_mma asks for no other row, and none past rows_total).
+        const int my_row = R0 + g, my_n = my_row < rows_total ? my_row / dv : 0;
+        const float* const my_fw = s_fw + my_n * HM;
+        const float* const my_u = s_vals + static_cast<std::size_t>(my_n) * NP * dv + (my_row - my_n * dv);
+        fold_records_mma<KS>(acc, s_keys, [&](int p, int) { return my_fw[p] * my_u[static_cast<std::size_t>(p) * dv]; },
+                             rows_total, R0, h);
 #pragma unroll
-          for (int h4 = 0; h4 < 2; ++h4) {
-            const int col = 32 * c + 8 * t + 4 * h4;
-            if (valid_a) store_piece<StorageFormat::fp32, DK>(ck, row_a, col, a + 4 * h4, formats::RoundingMode::nearest_even, 0, 0);
-            if (valid_b) store_piece<StorageFormat::fp32, DK>(ck, row_b, col, b + 4 * h4, formats::RoundingMode::nearest_even, 0, 0);
+        for (int odd = 0; odd < 2; ++odd) {
+          const int row = R0 + 2 * t + odd;
+          if (row >= rows_total) continue;
+#pragma unroll
+          for (int c = 0; c < kMmaTiles / 2; ++c) {
+            const float4 s4 = fold_piece(acc, c, odd);
+            const float piece[4] = {s4.x, s4.y, s4.z, s4.w};
+            store_piece<StorageFormat::fp32, DK>(ck, row, 4 * g + 32 * c, piece, formats::RoundingMode::nearest_even, 0, 0);
           }
         }
       }
-      // D: lane holds rows g (d[0], d[1]) and g + 8 (d[2], d[3]) of drafts 2t and 2t + 1.
-#pragma unroll
-      for (int v = 0; v < NV; ++v)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int s = 2 * t + (q & 1), row = q < 2 ? row_a : row_b;
-          if (s < TD && (q < 2 ? valid_a : valid_b)) s_rows[(v * TD + s) * rows_total + row] = d[v][q];
-        }
     }
   } else {
     // On the CUDA cores: 2T fused multiply-adds per state element and a warp reduction per row.
@@ -440,7 +477,7 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
           }
 #pragma unroll
           for (int p = 0; p < P; ++p) {
-            const float4 k4 = *reinterpret_cast<const float4*>(s_keys + j * DK + T::col(lane, p));
+            const float4 k4 = *reinterpret_cast<const float4*>(s_keys + j * KS + T::col(lane, p));
 #pragma unroll
             for (int b = 0; b < kBatch; ++b) {
               xb[b][p][0] = fmaf(c[b], k4.x, xb[b][p][0]);
@@ -463,36 +500,75 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
   }
   __syncthreads();
   // One thread per (head, row): GDN solves the drafts' corrections (forward substitution of
-  // U_d (I + A B_d) = R B_d), then every draft output folds the records.
+  // U_d (I + A B_d) = R B_d), then every draft output folds the records. The committed records run
+  // outermost: a record's value is read once for the 2T sums, and its coefficients (coef_q, coef_k: a row of TD
+  // per record) are broadcasts. Each sum still takes its terms in the order of the positions, with the
+  // same products, so the results are those of a loop over the drafts outermost, bit for bit.
   for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
     const int nn = idx / dv, r = idx % dv;
-    const float* vn = s_vals + static_cast<std::size_t>(nn) * NP * dv;
-    const float* wn = s_w + nn * NP * TD;
-    float u_d[TD];
-    if (K == ssm::Recurrence::gdn) {
+    const float* const vn = s_vals + static_cast<std::size_t>(nn) * NP * dv + r;  // record p's value: vn[p dv]
+    const float* const coef_q = s_cq + nn * NP * TD;
+    const float* const coef_k = s_ck + nn * NP * TD;
+    constexpr bool gdn = K == ssm::Recurrence::gdn;
+    float o[TD], sk[gdn ? TD : 1];
+#pragma unroll
+    for (int s = 0; s < TD; ++s) {
+      o[s] = s_d[nn * TD + s] * s_rows[s * rows_total + idx];
+      if constexpr (gdn) sk[s] = s_d[nn * TD + s] * s_rows[(TD + s) * rows_total + idx];
+    }
+    // The committed records (p < h), every draft's sums at once.
+    const auto coefficients = [&](const float* table, int p, float (&c)[TD]) {
+      if constexpr (TD % 4 == 0) {
+#pragma unroll
+        for (int s4 = 0; s4 < TD; s4 += 4) {
+          const float4 c4 = *reinterpret_cast<const float4*>(table + p * TD + s4);
+          c[s4] = c4.x, c[s4 + 1] = c4.y, c[s4 + 2] = c4.z, c[s4 + 3] = c4.w;
+        }
+      } else {
+#pragma unroll
+        for (int s = 0; s < TD; ++s) c[s] = table[p * TD + s];
+      }
+    };
+#pragma unroll 2
+    for (int p = 0; p < h; ++p) {
+      const float x = vn[static_cast<std::size_t>(p) * dv];
+      float c[TD];
+      coefficients(coef_q, p, c);
+#pragma unroll
+      for (int s = 0; s < TD; ++s) o[s] = fmaf(c[s], x, o[s]);
+      if constexpr (gdn) {
+        coefficients(coef_k, p, c);
+#pragma unroll
+        for (int s = 0; s < TD; ++s) sk[s] = fmaf(c[s], x, sk[s]);
+      }
+    }
+    if constexpr (gdn) {
+      // The drafts' corrections in order (u_d[s] needs u_d[j < s]), then their terms of the outputs.
+      float u_d[TD];
 #pragma unroll
       for (int s = 0; s < TD; ++s) {
-        float sk = s_d[nn * TD + s] * s_rows[(TD + s) * rows_total + idx];
-        for (int p = 0; p < h; ++p) sk = fmaf(wn[p * TD + s] * s_kk[p * TD + s], vn[p * dv + r], sk);
 #pragma unroll
-        for (int j = 0; j < s; ++j) sk = fmaf(wn[(h + j) * TD + s] * s_kk[(h + j) * TD + s], u_d[j], sk);
+        for (int j = 0; j < s; ++j) sk[s] = fmaf(coef_k[(h + j) * TD + s], u_d[j], sk[s]);
         const float vs = __bfloat162float(A.in.v[in_head(s, nn) * dv + r]);
-        u_d[s] = s_beta[nn * TD + s] * (vs - sk);
+        u_d[s] = s_beta[nn * TD + s] * (vs - sk[s]);
+      }
+#pragma unroll
+      for (int s = 0; s < TD; ++s)
+#pragma unroll
+        for (int j = 0; j <= s; ++j) o[s] = fmaf(coef_q[(h + j) * TD + s], u_d[j], o[s]);
+#pragma unroll
+      for (int s = 0; s < TD; ++s) A.rec.u[(ring_slot(A.rec, bg.b, win, h + s) * bg.H + bg.head0 + nn) * dv + r] = u_d[s];
+    } else {
+      // Mamba-2: draft j's record (its v, staged at h + j) enters the outputs of drafts s >= j.
+#pragma unroll
+      for (int j = 0; j < TD; ++j) {
+        const float x = vn[static_cast<std::size_t>(h + j) * dv];
+#pragma unroll
+        for (int s = j; s < TD; ++s) o[s] = fmaf(coef_q[(h + j) * TD + s], x, o[s]);
       }
     }
 #pragma unroll
-    for (int s = 0; s < TD; ++s) {
-      float o = s_d[nn * TD + s] * s_rows[s * rows_total + idx];
-      const int committed = K == ssm::Recurrence::gdn ? h : h + s + 1;
-      for (int p = 0; p < committed; ++p) o = fmaf(wn[p * TD + s] * s_kq[p * TD + s], vn[p * dv + r], o);
-      if (K == ssm::Recurrence::gdn)
-#pragma unroll
-        for (int j = 0; j <= s; ++j) o = fmaf(wn[(h + j) * TD + s] * s_kq[(h + j) * TD + s], u_d[j], o);
-      A.in.out[in_head(s, nn) * dv + r] = o;
-    }
-    if (K == ssm::Recurrence::gdn)
-#pragma unroll
-      for (int s = 0; s < TD; ++s) A.rec.u[(ring_slot(A.rec, bg.b, win, h + s) * bg.H + bg.head0 + nn) * dv + r] = u_d[s];
+    for (int s = 0; s < TD; ++s) A.in.out[in_head(s, nn) * dv + r] = o[s];
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     WindowState next = win;
@@ -549,11 +625,12 @@ void verify_step(ssm::Recurrence kind, const DecodeShape& shape, int drafts, con
   const int NH = heads_per_block(shape, config.heads_per_block);
   VerifyArgs A{shape, in, config.window, drafts, config.recur, records, NH, max_committed};
   const dim3 grid(shape.value_heads / NH, shape.batch);
-  const std::size_t smem = sizeof(float) * verify_shared_floats(max_committed, drafts, shape.dk, shape.dv, NH);
   with_kind(kind, [&](auto K) {
     with_dk(shape.dk, [&](auto DK) {
       with_drafts(drafts, [&](auto TD) {
         auto kernel = verify_kernel<K(), DK(), TD()>;
+        const std::size_t smem = sizeof(float) * verify_shared_floats(max_committed, drafts, shape.dk, shape.dv, NH,
+                                                                      verify_on_tensor_cores<K(), DK(), TD()>());
         REPLAYSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         kernel<<<grid, kThreads, smem, stream>>>(A);
       });

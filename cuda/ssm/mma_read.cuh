@@ -23,9 +23,15 @@
 //   B: b0b1 = (2t..2t+1, g), b2b3 = (2t + 8.., g);  D: d0d1 = (g, 2t..2t+1), d2d3 = (g + 8, 2t..)
 // The order of k inside a product is free as long as A and B agree, so each lane feeds its own 16-byte
 // pieces (rows g and g + 8 of a 16-row tile, columns slab * 4E + t * E .. + E) in the order its decode
-// produces them, and holds B for exactly those columns. B's columns: 0 = q hi, 1 = q lo, 2 = k hi,
-// 3 = k lo (GDN), 4..7 zero. So lane t = 0 ends with (S q)[g], (S q)[g + 8] as d0 + d1, d2 + d3, and
-// lane t = 1 the same for S k: no shuffles.
+// produces them, and holds B for exactly those columns. Two layouts of B's 8 columns:
+//  - shared columns (GDN): 0 = q hi, 1 = q lo, 2 = k hi, 3 = k lo, 4..7 zero. A holds e2m1 x block
+//    scale (one f16 multiply per pair), so lane t = 0 ends with (S q)[g], (S q)[g + 8] as d0 + d1,
+//    d2 + d3, and lane t = 1 the same for S k: no shuffles.
+//  - lane columns (Mamba-2): column 2t' (hi) and 2t' + 1 (lo) hold q only where k is one of lane t''s
+//    columns, so each lane's D is the product of its own pieces: d0 + d1 (rows g) and d2 + d3 (g + 8)
+//    per 16-element block. A holds the bare codes (e2m1 x 2^-6); each block sum takes its block scale in
+//    fp32 and two shuffles add the 4 lanes. This saves the 32 f16 multiplies of a unit, a quarter of
+//    its decode (static SASS, 2026-12-05); GDN would need 16 columns, two products per k step.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -101,6 +107,26 @@ __device__ __forceinline__ void nvfp4_piece_pairs(const RawPiece& r, uint32_t (&
   }
 }
 
+// A loaded NVFP4 piece as the 16 f16 pairs of its bare codes (e2m1 x 2^-6, exact), for the lane-column
+// layout; nvfp4_block_scales gives the factors that follow the products.
+__device__ __forceinline__ void nvfp4_piece_codes(const RawPiece& r, uint32_t (&pairs)[16]) {
+  const uint32_t w[4] = {r.bits.x, r.bits.y, r.bits.z, r.bits.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) e2m1x8_to_half2_scaled(w[i], &pairs[4 * i]);
+}
+
+// The piece's two block scales times 2^6 (which undoes the codes' 2^-6; exact in fp32), NaN for the E4M3
+// NaN code as formats::nvfp4_decode_element.
+__device__ __forceinline__ void nvfp4_block_scales(uint32_t aux, float (&scale)[2]) {
+#pragma unroll
+  for (int blk = 0; blk < 2; ++blk) {
+    const uint32_t code = (aux >> (8 * blk)) & 0xFFu;
+    const __half_raw sr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+    scale[blk] = code == formats::kE4m3NanCode ? __int_as_float(0x7FC00000)
+                                               : __half2float(*reinterpret_cast<const __half*>(&sr)) * 64.0f;
+  }
+}
+
 // 2^s for a bf16 vector of length DK (whole warp; every lane gets it): its largest magnitude times 2^s
 // lies in [2^14, 2^15). Zero or infinite vectors keep s = 0 (fmaxf skips NaNs; NaN and Inf reach the
 // sums as they should). Returns s.
@@ -126,19 +152,20 @@ __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) <
 // 2m, 2m + 1 of product m), written to table[lane][kMmaBStride] by the whole block (no barrier here: the
 // caller syncs before load_mma_b). Built once per block rather than by every warp (Nsight Compute,
 // 2026-12-04: per warp it took ~300 of a block's ~1,900 instructions per warp). `k` may be nullptr
-// (Mamba-2: columns 2, 3 zero); lanes g >= 4 hold zeros. `sq`, `sk`: the vectors' exponents
+// (shared columns, Mamba-2's old layout: columns 2, 3 zero); lanes g >= 4 hold zeros. kLaneColumns: the
+// lane-column layout (q only; lane (g, t) holds q where g / 2 == t). `sq`, `sk`: the vectors' exponents
 // (mma_vector_exponent).
-template <int DK>
+template <int DK, bool kLaneColumns>
 __device__ __forceinline__ void build_mma_b_table(const __nv_bfloat16* q, const __nv_bfloat16* k, int sq, int sk,
                                                   uint32_t* table) {
   constexpr int E = FormatTraits<StorageFormat::nvfp4>::kElementsPerPiece, kPerLane = DK / 8;
   for (int e = threadIdx.x; e < 32 * kPerLane; e += kThreads) {
     const int lane = e / kPerLane, P = e % kPerLane, g = lane / 4, t = lane % 4;
-    const __nv_bfloat16* vec = g < 2 ? q : g < 4 ? k : nullptr;
+    const __nv_bfloat16* vec = kLaneColumns ? (g / 2 == t ? q : nullptr) : g < 2 ? q : g < 4 ? k : nullptr;
     const int s = P / (E / 2), i = P % (E / 2), col = s * 4 * E + t * E;
     const float x0 = vec ? __bfloat162float(vec[col + piece_element(i, 0)]) : 0.0f;
     const float x1 = vec ? __bfloat162float(vec[col + piece_element(i, 1)]) : 0.0f;
-    const float scale = pow2(g < 2 ? sq : sk);
+    const float scale = pow2(kLaneColumns || g < 2 ? sq : sk);
     const float y0 = x0 * scale, y1 = x1 * scale;
     const __half2 hi = __floats2half2_rn(y0, y1);
     const __half2 h = g % 2 == 1 ? __floats2half2_rn(y0 - __low2float(hi), y1 - __high2float(hi)) : hi;
@@ -147,8 +174,8 @@ __device__ __forceinline__ void build_mma_b_table(const __nv_bfloat16* q, const 
 }
 
 // The lane's row of the table, and the factor its d0 + d1, d2 + d3 sums take: D column 2t holds the
-// vector of lanes g = 2t (t = 0: q, t = 1: k), scaled by 2^s.
-template <int DK>
+// vector of lanes g = 2t (shared columns; t = 0: q, t = 1: k), or q (lane columns), scaled by 2^s.
+template <int DK, bool kLaneColumns>
 __device__ __forceinline__ float load_mma_b(const uint32_t* table, int sq, int sk, uint32_t (&b)[DK / 8]) {
   static_assert(DK / 8 <= kMmaBStride && DK % 32 == 0, "B table row");
   const int lane = threadIdx.x % 32, t = lane % 4;
@@ -157,7 +184,7 @@ __device__ __forceinline__ float load_mma_b(const uint32_t* table, int sq, int s
     const uint4 v = *reinterpret_cast<const uint4*>(table + lane * kMmaBStride + i);
     b[i] = v.x, b[i + 1] = v.y, b[i + 2] = v.z, b[i + 3] = v.w;
   }
-  return pow2(t == 0 ? -sq : -sk);
+  return pow2(kLaneColumns || t == 0 ? -sq : -sk);
 }
 
 // One (tile, slab) unit's loads: the lane's pieces of rows g and g + 8, and the tile's NVFP4 tensor scale.
