@@ -45,6 +45,8 @@ if [ -d .peers/vllm-0.33.0 ] && [ -d "$fi_root/flashinfer/data/aot" ] && ls .pee
     find "$fi_root" -maxdepth 1 -type f
     find "$fi_root"/flashinfer -maxdepth 1 -type f -name '*.py'
     find "$fi_root"/flashinfer/jit "$fi_root"/flashinfer/mamba "$fi_root"/flashinfer/data/aot -type f
+    # The module's config template: without it bench_peers.py stopped at Super (session 20's call).
+    find "$fi_root"/flashinfer/data/csrc -type f -name '*.jinja'
     [ -d "$fi_root"/flashinfer/autotuner ] && find "$fi_root"/flashinfer/autotuner -type f -name '*.py'
     echo "$fi_root"/flashinfer/fused_moe/utils.py
     ls .peers/wheels/apache_tvm_ffi-*cp312*.whl; } | sort -u > "$tmp"/peers.list
