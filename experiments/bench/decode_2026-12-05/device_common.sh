@@ -2,6 +2,8 @@
 # root on the device machine, with $OUT set by it.
 #   unpack_pack PACK LIB: results folder $R; pack extracted to $A (binaries $B); $SYS is ":$A/sys" when the
 #     image lacks a host library the binaries need (checked against $A/LIB), else empty; gpu.txt written.
+#   run_peers END: vLLM (at most 120 s) and FlashInfer from .device/peers_slim.tar.xz at B = 32-256, L = 16,
+#     until END seconds of the call ($SECONDS) -> $R/peers_*.
 #   pack_results: repository paths replaced, files compressed, $OUT/results.tar.
 set -u
 unpack_pack() {
@@ -14,4 +16,17 @@ unpack_pack() {
 pack_results() {
   sed -i "s#$PWD#<repository>#g" $R/*.txt $R/*.csv $R/*.log 2>/dev/null
   xz -9 -T8 $R/*.txt $R/*.csv $R/*.log 2>/dev/null; tar -C $OUT -cf $OUT/results.tar r && rm -rf $R; ls -la $OUT
+}
+run_peers() {
+  local end=$1 left t0
+  tar -C . -xJf .device/peers_slim.tar.xz
+  left=$((end - SECONDS - 15))
+  [ $left -gt 30 ] && { t0=$SECONDS; timeout $((left < 120 ? left : 120)) python3 scripts/bench_peers.py --peers vllm \
+    --batch 32 64 128 256 --window 16 --csv $R/peers_vllm.csv > $R/peers_vllm.log 2>&1
+    echo "vllm rc=$? $((SECONDS-t0))s"; tail -n 20 $R/peers_vllm.log; }
+  python3 -m pip install --no-deps --no-index .peers/wheels/apache_tvm_ffi-*cp312*.whl > $R/fi_setup.txt 2>&1; echo "tvm_ffi rc=$?"
+  left=$((end - SECONDS - 15))
+  [ $left -gt 30 ] && { t0=$SECONDS; timeout $left python3 scripts/bench_peers.py --peers flashinfer --batch 32 64 128 256 \
+    --window 16 --csv $R/peers_flashinfer.csv > $R/peers_flashinfer.log 2>&1
+    echo "flashinfer rc=$? $((SECONDS-t0))s"; tail -n 12 $R/peers_flashinfer.log; }
 }

@@ -42,16 +42,7 @@ for lib in exp land; do t0=$SECONDS
     --window 16 --drafts 8 --csv $R/ours_${lib}_b64_128.csv > $R/ours_${lib}_b64_128.txt 2>&1
   echo "ours $lib B=64,128 rc=$? $((SECONDS-t0))s"
 done
-tar -C . -xJf .device/peers_slim.tar.xz
-left=$((${TOTAL:-580} - SECONDS - 10))
-[ $left -gt 30 ] && { t0=$SECONDS; timeout $((left < 150 ? left : 150)) python3 scripts/bench_peers.py --peers vllm \
-  --batch 32 64 128 256 --window 16 --csv $R/peers_vllm.csv > $R/peers_vllm.log 2>&1
-  echo "vllm rc=$? $((SECONDS-t0))s"; tail -n 20 $R/peers_vllm.log; }
-python3 -m pip install --no-deps --no-index .peers/wheels/apache_tvm_ffi-*cp312*.whl > $R/fi_setup.txt 2>&1; echo "tvm_ffi rc=$?"
-left=$((${TOTAL:-580} - SECONDS - 10))
-[ $left -gt 30 ] && { t0=$SECONDS; timeout $left python3 scripts/bench_peers.py --peers flashinfer --batch 32 64 128 256 \
-  --window 16 --csv $R/peers_flashinfer.csv > $R/peers_flashinfer.log 2>&1
-  echo "flashinfer rc=$? $((SECONDS-t0))s"; tail -n 12 $R/peers_flashinfer.log; }
+run_peers ${TOTAL:-580}
 pack_results && mv "$OUT/results.tar" "$OUT/main.tar"
 left=$((${TOTAL:-580} - SECONDS))
 [ $left -gt 100 ] && { TOTAL=$((left - 30)) bash $here/session18/hpb_probe.sh; mv "$OUT/results.tar" "$OUT/hpb.tar"; }

@@ -7,35 +7,16 @@
 #                             with a message, when .peers lacks them
 # cuda/ is put back and rebuilt afterwards, so the build folder holds main's library again.
 # Usage: bash experiments/bench/decode_2026-12-05/session19/make_packs.sh [BUILD_DIR (default build-dev)]
+# The patches apply to 41c3ece (the lane columns landed in e39e803): run it from a checkout of that commit.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 here=experiments/bench/decode_2026-12-05/session19
-build=${1:-build-dev}
-[ -f "$build/CMakeCache.txt" ] || { echo "make_packs.sh: $build: not a configured build folder" >&2; exit 1; }
-git diff --quiet -- cuda/ || { echo "make_packs.sh: cuda/ has uncommitted changes; commit or stash them first" >&2; exit 1; }
-targets="replayssm_cuda replayssm-bench test_decode_cuda test_decode_kda_cuda test_formats_cuda"
-tmp=$(mktemp -d)
-trap 'git checkout -- cuda/; rm -rf "$tmp"' EXIT
-cmake --build "$build" -j"$(nproc)" --target $targets
-mkdir -p "$tmp"/{bin,lib_land,lib_exp,sys} .device
-cp "$build"/replayssm-bench "$build"/tests/test_decode_cuda "$build"/tests/test_decode_kda_cuda \
-  "$build"/tests/test_formats_cuda "$tmp"/bin/
-cp "$build"/cuda/libreplayssm_cuda.so "$tmp"/lib_land/
-# Host libraries the device image may lack: everything ldd resolves except the C/C++ runtimes and our library.
-for lib in $(LD_LIBRARY_PATH="$tmp"/lib_land ldd "$tmp"/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u); do
-  case $(basename "$lib") in
-    libc.so* | libm.so* | libstdc++* | libgcc_s* | libresolv* | ld-linux* | libcuda.so* | libreplayssm_cuda.so) ;;
-    *) cp -L "$lib" "$tmp"/sys/ ;;
-  esac
-done
-strip "$tmp"/bin/* "$tmp"/lib_land/*.so
-git rev-parse --short HEAD > "$tmp"/bin/COMMIT
+source experiments/bench/decode_2026-12-05/pack_common.sh
+pack_begin "${1:-build-dev}" make_packs.sh
+pack_library lib_land
 (cd "$tmp" && tar -cJf - bin lib_land sys) > .device/pack19.tar.xz
-git apply "$here"/nvfp4_lane_columns.patch
-cmake --build "$build" -j"$(nproc)" --target replayssm_cuda
-cp "$build"/cuda/libreplayssm_cuda.so "$tmp"/lib_exp/ && strip "$tmp"/lib_exp/*.so
-git checkout -- cuda/
-cmake --build "$build" -j"$(nproc)" --target replayssm_cuda
+pack_library lib_exp "$here"/nvfp4_lane_columns.patch
+pack_end
 (cd "$tmp" && tar -cJf - bin lib_land lib_exp sys) > .device/pack19x.tar.xz
 fi_root=.peers/flashinfer-0.7.2
 if [ -d .peers/vllm-0.33.0 ] && [ -d "$fi_root/flashinfer/data/aot" ] && ls .peers/wheels/apache_tvm_ffi-*cp312*.whl >/dev/null 2>&1; then

@@ -49,14 +49,5 @@ for l in lib_all lib_land; do t0=$SECONDS
     --window 16 --drafts 8 --csv $R/ours_${l}_b64_128.csv > $R/ours_${l}_b64_128.txt 2>&1
   echo "ours $l B=64,128 rc=$? $((SECONDS-t0))s"
 done
-tar -C . -xJf .device/peers_slim.tar.xz
-left=$((${TOTAL:-585} - SECONDS - 15))
-[ $left -gt 30 ] && { t0=$SECONDS; timeout $((left < 120 ? left : 120)) python3 scripts/bench_peers.py --peers vllm \
-  --batch 32 64 128 256 --window 16 --csv $R/peers_vllm.csv > $R/peers_vllm.log 2>&1
-  echo "vllm rc=$? $((SECONDS-t0))s"; tail -n 20 $R/peers_vllm.log; }
-python3 -m pip install --no-deps --no-index .peers/wheels/apache_tvm_ffi-*cp312*.whl > $R/fi_setup.txt 2>&1; echo "tvm_ffi rc=$?"
-left=$((${TOTAL:-585} - SECONDS - 15))
-[ $left -gt 30 ] && { t0=$SECONDS; timeout $left python3 scripts/bench_peers.py --peers flashinfer --batch 32 64 128 256 \
-  --window 16 --csv $R/peers_flashinfer.csv > $R/peers_flashinfer.log 2>&1
-  echo "flashinfer rc=$? $((SECONDS-t0))s"; tail -n 12 $R/peers_flashinfer.log; }
+run_peers ${TOTAL:-585}  # device_common.sh (after the run the inline block moved there, unchanged)
 pack_results

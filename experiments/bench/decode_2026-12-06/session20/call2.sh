@@ -26,11 +26,5 @@ grep -H "verify output-only" $R/m2ab_*_1.txt | cut -c1-150
 t0=$SECONDS; LD_LIBRARY_PATH=$(lib lib_land) timeout 60 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b \
   --batch 32 64 128 256 --window 16 --drafts 8 --csv $R/ours_peers.csv > $R/ours_peers.txt 2>&1
 echo "ours B=32-256 rc=$? $((SECONDS-t0))s"
-tar -C . -xJf .device/peers_slim.tar.xz
-t0=$SECONDS; timeout 60 python3 scripts/bench_peers.py --peers vllm --batch 32 64 128 256 --window 16 \
-  --csv $R/peers_vllm.csv > $R/peers_vllm.log 2>&1; echo "vllm rc=$? $((SECONDS-t0))s"
-python3 -m pip install --no-deps --no-index .peers/wheels/apache_tvm_ffi-*cp312*.whl > $R/fi_setup.txt 2>&1; echo "tvm_ffi rc=$?"
-t0=$SECONDS; timeout 150 python3 scripts/bench_peers.py --peers flashinfer --batch 32 64 128 256 --window 16 \
-  --csv $R/peers_flashinfer.csv > $R/peers_flashinfer.log 2>&1
-echo "flashinfer rc=$? $((SECONDS-t0))s"; tail -n 12 $R/peers_flashinfer.log
+run_peers $((SECONDS + 230))
 pack_results
