@@ -2,8 +2,9 @@
 minimum time over the rounds of each library, main's round-to-round spread, lib_all / main, and for the
 verification rows lib_all / lib_a. Prints every row and the verdict of each rule on the timings (rule 1, the suites
 and memcheck, is read from the call's output).
-Usage: python3 compare.py RESULTS_DIR   (the folder holding record_lib_all_*.csv[.xz], record_lib_land_*.csv[.xz],
-lib_a.csv[.xz])"""
+Usage: python3 compare.py RESULTS_DIR [EXP (default lib_all)] [PART (default lib_a)]   (the folder holding
+record_EXP_*.csv[.xz], record_lib_land_*.csv[.xz], PART.csv[.xz]). The rules' verdicts are session 20's (EXP =
+lib_all); for another pack read the table against that pack's rules.)"""
 import csv, glob, lzma, os, sys
 from collections import defaultdict
 
@@ -20,11 +21,13 @@ def timings(pattern):
     return out
 
 d = sys.argv[1]
-allx = timings(os.path.join(d, "record_lib_all_*.csv*"))
+exp = sys.argv[2] if len(sys.argv) > 2 else "lib_all"
+part = sys.argv[3] if len(sys.argv) > 3 else "lib_a"
+allx = timings(os.path.join(d, f"record_{exp}_*.csv*"))
 land = timings(os.path.join(d, "record_lib_land_*.csv*"))
-liba = timings(os.path.join(d, "lib_a.csv*"))
+liba = timings(os.path.join(d, f"{part}.csv*"))
 if not allx or not land:
-    sys.exit(f"compare.py: no record_lib_all_* / record_lib_land_* CSVs in {d}")
+    sys.exit(f"compare.py: no record_{exp}_* / record_lib_land_* CSVs in {d}")
 
 def spread(ts):
     return (max(ts) - min(ts)) / min(ts) if len(ts) > 1 else 0.0
