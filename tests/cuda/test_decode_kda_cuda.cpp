@@ -292,9 +292,19 @@ void conventional_case(const Case& c, const char* policy_text, uint64_t seed) {
 
 }  // namespace
 
+// The conventional cases add dv = 192 at dk = 64: a kernel that splits an FP32 head's rows over blocks of
+// 64 (conventional_row_parts, as the Mamba-2/GDN one does) runs it as three blocks per head.
+namespace {
+std::vector<Case> conventional_cases() {
+  std::vector<Case> c = cases();
+  c.push_back({"batch 3, dk 64, dv 192 (three row blocks per head)", {3, 1, 2, 64, 192}, Decays::mixed});
+  return c;
+}
+}  // namespace
+
 TEST_CASE("KDA conventional decode kernels equal the CPU conventional decoder (fp32; fp16/bf16 state)") {
   int n = 0;
-  for (const Case& c : cases())
+  for (const Case& c : conventional_cases())
     for (const char* policy_text : {"conv:fp32", "conv:fp16+rtn", "conv:bf16+rtn"})
       conventional_case(c, policy_text, test::kBaseSeed + 57000 + n++);
 }
@@ -302,7 +312,7 @@ TEST_CASE("KDA conventional decode kernels equal the CPU conventional decoder (f
 // +ef (ssm::quantize_state with a residual): the stored state is Q_rtn(S + E) and E <- (S + E) - Q_rtn(S + E).
 TEST_CASE("KDA conventional decode kernels with error feedback (conv:fp16+ef, conv:bf16+ef) equal the CPU conventional decoder") {
   int n = 0;
-  for (const Case& c : cases())
+  for (const Case& c : conventional_cases())
     for (const char* policy_text : {"conv:fp16+ef", "conv:bf16+ef"})
       conventional_case(c, policy_text, test::kBaseSeed + 67000 + n++);
 }
