@@ -120,7 +120,7 @@ __device__ __forceinline__ void prefetch_verify_tile(const float* block_rows, in
 // between the engines was not re-measured since. Other dk are not measured.
 template <ssm::Recurrence K, int DK, int TD>
 constexpr bool verify_on_tensor_cores() {
-  return K == ssm::Recurrence::gdn && DK == 128 && TD >= 4;
+  return DK == 128 && (K == ssm::Recurrence::gdn ? TD >= 4 : K == ssm::Recurrence::mamba2 && TD == 8);
 }
 
 // Blocks per SM the verify kernel's registers are sized for: the key products hold T drafts' query (and
@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
       if (lane == 0) s_fg[nn] = fw.gamma;
     }
   if constexpr (kStreamed) {  // the drafts' q and k as stored (drafts past TD: zero)
-    for (int piece = threadIdx.x; piece < 2 * 8 * DK / 8; piece += kThreads) {
+    for (int piece = threadIdx.x; piece < (K == ssm::Recurrence::gdn ? 2 : 1) * 8 * DK / 8; piece += kThreads) {
       const int v = piece / (8 * DK / 8), s = piece / (DK / 8) % 8, col = 8 * (piece % (DK / 8));
       copy_async16(s_drafts + (v * 8 + s) * DS + col, (v == 0 ? draft_q(s < TD ? s : 0) : draft_k(s < TD ? s : 0)) + col, s < TD);
     }
@@ -306,15 +306,16 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
     // On the tensor cores (m16n8k8 TF32, fp32 accumulation), the rows streamed through the warp's buffer
     // by cp.async: a warp's tiles are rows 8 (warp + kWarps i) .. + 7, and tile i + 1 loads while tile i
     // computes (its products, its fold and stores). The products D = V S^T: M = 16 vectors (m = s: q_s,
-    // m = 8 + s: k_s, zero for s >= TD), N = the tile's 8 rows, K = 8 columns per step. A = the drafts'
+    // m = 8 + s: k_s (GDN; Mamba-2: zero), zero for s >= TD), N = the tile's 8 rows, K = 8 columns per step. A = the drafts'
     // bf16 values (exact in TF32), B = the FP32 rows as hi + lo, two TF32 terms (2^-22 relative); a TF32 x
     // bf16 product is exact in fp32. Step (c, i) gives k slot t column 32c + 8t + 2i and slot t + 4 the next
     // column (any assignment of columns to k slots gives the same sums): lane (g, t)'s A registers are
     // then one bf16 pair of draft g's q (k), and its B registers two adjacent columns of row g. Only the
     // summation order differs from the CUDA-core stream. A flush (h > 0) folds the committed records into
     // the tile as the standard flush does (fold_records_mma), and stores it: gamma S + U, U = sum_{p<h}
-    // c_p k_p^T with c_p = prod_{l=p+1}^{h-1} a_l u_p per row.
-    static_assert(K == ssm::Recurrence::gdn && DK == 128 && TD <= 8, "the streamed verification serves GDN at dk = 128");
+    // c_p k_p^T with c_p = prod_{l=p+1}^{h-1} a_l (v_p or u_p) per row (Mamba-2: v; GDN: cached u).
+    static_assert(DK == 128 && TD <= 8, "the streamed verification serves dk = 128, at most 8 drafts");
+    constexpr bool gdn = K == ssm::Recurrence::gdn;  // Mamba-2: the queries only (A's rows 8-15 zero)
     constexpr int kChunks = DK / 32;
     const int g = lane / 4, t = lane % 4;
     const bool folding = flush && h > 0;
@@ -349,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
         // Draft g's q and k at the lane's columns, as bf16 pairs (column 32c + 8t + 2i in the low half); read
         // here, not kept in registers across the tiles (32 registers: the instance spilled).
         const uint4 q8 = *reinterpret_cast<const uint4*>(s_drafts + g * DS + 32 * c + 8 * t);
-        const uint4 k8 = *reinterpret_cast<const uint4*>(s_drafts + (8 + g) * DS + 32 * c + 8 * t);
+        const uint4 k8 = gdn ? *reinterpret_cast<const uint4*>(s_drafts + (8 + g) * DS + 32 * c + 8 * t) : make_uint4(0, 0, 0, 0);
         const uint32_t qp[4] = {q8.x, q8.y, q8.z, q8.w}, kp[4] = {k8.x, k8.y, k8.z, k8.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -365,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
         const int row = R0 + 2 * t + odd;
         if (g < TD && row < rows_total) {
           s_rows[g * rows_total + row] = d[0][odd] + d[1][odd];
-          s_rows[(TD + g) * rows_total + row] = d[0][2 + odd] + d[1][2 + odd];
+          if (gdn) s_rows[(TD + g) * rows_total + row] = d[0][2 + odd] + d[1][2 + odd];
         }
       }
       if (folding) {

@@ -44,7 +44,7 @@ __host__ __device__ inline std::size_t align4(std::size_t floats) { return (floa
 
 // Shared memory of one block (floats); NP = HM + T positions at most.
 struct SplitVerifyLayout {
-  std::size_t keys, q, vals, a, beta, kq, kk, w, d, rows, amax, wk, g, total;
+  std::size_t keys, q, vals, a, beta, kq, kk, cq, ck, d, rows, amax, wk, g, total;
   // channel: KDA (decays of dk floats, weighted-key scratch)
   __host__ __device__ SplitVerifyLayout(int HM, int T, int DK, int dv, int NH, bool channel) {
     const std::size_t NP = static_cast<std::size_t>(HM) + T;
@@ -56,7 +56,8 @@ struct SplitVerifyLayout {
     beta = o, o += align4(static_cast<std::size_t>(NH) * NP);
     kq = o, o += align4(NP * T);                              // k_p . q_s
     kk = o, o += align4(NP * T);                              // k_p . k_{h+s}
-    w = o, o += align4(static_cast<std::size_t>(NH) * NP * T);  // prod_{l=p+1}^{h+s} a_l
+    cq = o, o += align4(static_cast<std::size_t>(NH) * NP * T);  // w_{p,s} (k_p . q_s), w_{p,s} = prod_{l=p+1}^{h+s} a_l
+    ck = o, o += align4(static_cast<std::size_t>(NH) * NP * T);  // w_{p,s} (k_p . k_{h+s}) (GDN, KDA)
     d = o, o += align4(static_cast<std::size_t>(NH) * T);     // prod_{l<=h+s} a_l
     rows = o, o += align4(static_cast<std::size_t>(2) * T * NH * dv);  // S q_s, S k_s per (head, row)
     amax = o, o += align4(NH);                                // NVFP4 LP copy: per-head amax bits
@@ -159,7 +160,8 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
   float* s_beta = smem + lay.beta;
   float* s_kq = smem + lay.kq;
   float* s_kk = smem + lay.kk;
-  float* s_w = smem + lay.w;
+  float* s_cq = smem + lay.cq;
+  float* s_ck = smem + lay.ck;
   float* s_d = smem + lay.d;
   float* s_rows = smem + lay.rows;
   unsigned* s_amax = reinterpret_cast<unsigned*>(smem + lay.amax);
@@ -225,12 +227,15 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
       acc = row_sum<32>(acc);
       if (lane == 0) (which == 0 ? s_kq : s_kk)[p * TD + s] = acc;
     }
-    // Decay weights w[p][s] = prod_{l=p+1}^{h+s} a_l and d_s = prod_{l<=h+s} a_l.
+    __syncthreads();  // the key products, for the coefficients
+    // Decay weights w[p][s] = prod_{l=p+1}^{h+s} a_l and d_s = prod_{l<=h+s} a_l, and the record coefficients
+    // the outputs and corrections take, the same for every row of a head: cq = w (k_p . q_s), ck = w (k_p . k_{h+s}).
     for (int idx = threadIdx.x; idx < NH * TD; idx += kThreads) {
       const int nn = idx / TD, s = idx % TD;
       float w = 1.0f;
       for (int p = h + s; p >= 0; --p) {
-        s_w[(nn * NP + p) * TD + s] = w;
+        s_cq[(nn * NP + p) * TD + s] = w * s_kq[p * TD + s];
+        if (kDelta) s_ck[(nn * NP + p) * TD + s] = p < h + s ? w * s_kk[p * TD + s] : 0.0f;
         w *= s_a[nn * NP + p];
       }
       s_d[nn * TD + s] = w;
@@ -267,7 +272,7 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
       s_q[i] *= s_g[i];                             // G_s . q_s
       s_keys[(h + s) * DK + c] *= s_g[i];           // G_s . k_{h+s}: the drafts' raw keys are not needed again
     }
-    for (int i = threadIdx.x; i < NP * TD; i += kThreads) s_w[i] = 1.0f;
+    for (int i = threadIdx.x; i < NP * TD; i += kThreads) s_cq[i] = s_kq[i], s_ck[i] = s_kk[i];  // w = 1 (1 x is x)
     for (int i = threadIdx.x; i < TD; i += kThreads) s_d[i] = 1.0f;
   }
   __syncthreads();
@@ -403,35 +408,54 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
     }
   }
   // One thread per (head, row): GDN solves the drafts' corrections (forward substitution of
-  // U_d (I + A B_d) = R B_d), then every draft output O = S Q D + U (W o K^T Q) folds the records.
+  // U_d (I + A B_d) = R B_d), then every draft output O = S Q D + U (W o K^T Q) folds the records. The
+  // committed records run outermost (a record's value read once for the 2T sums, its coefficients as
+  // broadcasts); each sum still takes the same products in the order of the positions (decode_verify.cu).
   for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
     const int nn = idx / dv, r = idx % dv;
-    const float* vn = s_vals + static_cast<std::size_t>(nn) * NP * dv;
-    const float* wn = s_w + nn * NP * TD;
-    float u_d[TD];
-    if (kDelta) {
+    const float* const vn = s_vals + static_cast<std::size_t>(nn) * NP * dv + r;  // record p's value: vn[p dv]
+    const float* const coef_q = s_cq + nn * NP * TD;
+    const float* const coef_k = s_ck + nn * NP * TD;
+    float o[TD], sk[kDelta ? TD : 1];
+#pragma unroll
+    for (int s = 0; s < TD; ++s) {
+      o[s] = s_d[nn * TD + s] * s_rows[s * rows_total + idx];
+      if constexpr (kDelta) sk[s] = s_d[nn * TD + s] * s_rows[(TD + s) * rows_total + idx];
+    }
+#pragma unroll 2
+    for (int p = 0; p < h; ++p) {
+      const float x = vn[static_cast<std::size_t>(p) * dv];
+#pragma unroll
+      for (int s = 0; s < TD; ++s) o[s] = fmaf(coef_q[p * TD + s], x, o[s]);
+      if constexpr (kDelta)
+#pragma unroll
+        for (int s = 0; s < TD; ++s) sk[s] = fmaf(coef_k[p * TD + s], x, sk[s]);
+    }
+    if constexpr (kDelta) {
+      float u_d[TD];
 #pragma unroll
       for (int s = 0; s < TD; ++s) {
-        float sk = s_d[nn * TD + s] * s_rows[(TD + s) * rows_total + idx];
-        for (int p = 0; p < h; ++p) sk = fmaf(wn[p * TD + s] * s_kk[p * TD + s], vn[p * dv + r], sk);
 #pragma unroll
-        for (int j = 0; j < s; ++j) sk = fmaf(wn[(h + j) * TD + s] * s_kk[(h + j) * TD + s], u_d[j], sk);
-        u_d[s] = s_beta[nn * NP + h + s] * (vn[(h + s) * dv + r] - sk);
+        for (int j = 0; j < s; ++j) sk[s] = fmaf(coef_k[(h + j) * TD + s], u_d[j], sk[s]);
+        u_d[s] = s_beta[nn * NP + h + s] * (vn[static_cast<std::size_t>(h + s) * dv] - sk[s]);
+      }
+#pragma unroll
+      for (int s = 0; s < TD; ++s)
+#pragma unroll
+        for (int j = 0; j <= s; ++j) o[s] = fmaf(coef_q[(h + j) * TD + s], u_d[j], o[s]);
+#pragma unroll
+      for (int s = 0; s < TD; ++s) A.rec.u[(slot_of(h + s) * bg.H + bg.head0 + nn) * dv + r] = u_d[s];
+    } else {
+      // Mamba-2: draft j's record (its v, staged at h + j) enters the outputs of drafts s >= j.
+#pragma unroll
+      for (int j = 0; j < TD; ++j) {
+        const float x = vn[static_cast<std::size_t>(h + j) * dv];
+#pragma unroll
+        for (int s = j; s < TD; ++s) o[s] = fmaf(coef_q[(h + j) * TD + s], x, o[s]);
       }
     }
 #pragma unroll
-    for (int s = 0; s < TD; ++s) {
-      float o = s_d[nn * TD + s] * s_rows[s * rows_total + idx];
-      const int folded = kDelta ? h : h + s + 1;
-      for (int p = 0; p < folded; ++p) o = fmaf(wn[p * TD + s] * s_kq[p * TD + s], vn[p * dv + r], o);
-      if (kDelta)
-#pragma unroll
-        for (int j = 0; j <= s; ++j) o = fmaf(wn[(h + j) * TD + s] * s_kq[(h + j) * TD + s], u_d[j], o);
-      A.in.out[in_head(s, nn) * dv + r] = o;
-    }
-    if (kDelta)
-#pragma unroll
-      for (int s = 0; s < TD; ++s) A.rec.u[(slot_of(h + s) * bg.H + bg.head0 + nn) * dv + r] = u_d[s];
+    for (int s = 0; s < TD; ++s) A.in.out[in_head(s, nn) * dv + r] = o[s];
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     WindowState next = win;
