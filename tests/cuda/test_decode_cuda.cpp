@@ -68,12 +68,15 @@ std::vector<Case> cases() {
   return c;
 }
 
-// The conventional kernel splits an FP32 head's rows over blocks of 64 where dv is a multiple of 64 above
-// it (conventional_row_parts): the Qwen3.5 head of cases() in two, dv = 192 at dk = 64 in three; the
-// fp16/bf16 policies below run the same shapes unsplit.
+// The conventional kernel splits an FP32 head's rows over blocks (conventional_row_parts): the cases add
+// dv = 192 at dk = 64 (three blocks of 64) and Nemotron-3-Nano's dv = 80 at dk = 128 (two of 40 where the
+// split takes heads that are not a multiple of 64); the fp16/bf16 policies below run the same shapes unsplit.
 std::vector<Case> conventional_cases() {
   std::vector<Case> c = cases();
-  for (ssm::Recurrence k : {ssm::Recurrence::mamba2, ssm::Recurrence::gdn}) c.push_back({k, {3, 1, 2, 64, 192}, false, 0});
+  for (ssm::Recurrence k : {ssm::Recurrence::mamba2, ssm::Recurrence::gdn}) {
+    c.push_back({k, {3, 1, 2, 64, 192}, false, 0});
+    c.push_back({k, {3, 1, 2, 128, 80}, false, 0});
+  }
   return c;
 }
 
