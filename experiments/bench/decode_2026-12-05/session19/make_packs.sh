@@ -26,8 +26,9 @@ if [ -d .peers/vllm-0.33.0 ] && [ -d "$fi_root/flashinfer/data/aot" ] && ls .pee
     find "$fi_root" -maxdepth 1 -type f
     find "$fi_root"/flashinfer -maxdepth 1 -type f -name '*.py'
     find "$fi_root"/flashinfer/jit "$fi_root"/flashinfer/mamba "$fi_root"/flashinfer/data/aot -type f
-    # The module's config template: without it bench_peers.py stopped at Super (session 20's call).
-    find "$fi_root"/flashinfer/data/csrc -type f -name '*.jinja'
+    # The module's config template and sources: without the template bench_peers.py stopped at Super (session
+    # 20's call), without the sources too (session 21's first call: JitSpec reads them before loading the .so).
+    find "$fi_root"/flashinfer/data/csrc -type f \( -name '*.jinja' -o -name 'checkpointing_ssu*' \)
     [ -d "$fi_root"/flashinfer/autotuner ] && find "$fi_root"/flashinfer/autotuner -type f -name '*.py'
     echo "$fi_root"/flashinfer/fused_moe/utils.py
     ls .peers/wheels/apache_tvm_ffi-*cp312*.whl; } | sort -u > "$tmp"/peers.list
