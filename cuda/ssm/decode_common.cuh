@@ -40,18 +40,18 @@ __device__ __forceinline__ Geometry geometry_of_head(const DecodeShape& s, int h
 }
 __device__ __forceinline__ Geometry geometry(const DecodeShape& s) { return geometry_of_head(s, blockIdx.x); }
 
-// The conventional kernels' row split: an FP32 head's dv rows over `conventional_row_parts` blocks of 64
-// rows where dv is a multiple of 64 above it, else one block per head. A block streams its rows once, so
+// The conventional kernels' row split: an FP32 head's dv rows over `conventional_row_parts` blocks,
+// ceil(dv / 64) of them where dv > 64 and they divide dv evenly (Qwen3.5 and Kimi Linear's 128 rows: two
+// of 64; Nemotron-3-Nano's 80: two of 40), else one block per head. A block streams its rows once, so
 // the grid's last blocks leave SMs idle for about half a block's time at the end of the step; blocks of
 // 64 FP32 rows at dk = 128 (32 KB, Nemotron-3-Super's head, 92.8% of copy bandwidth at B = 256) shorten
 // that tail for the 128-row heads of Qwen3.5 and Kimi Linear (88.9-91.0% with one 64-KB block per head).
 // FP16/BF16 heads of 128 rows are 32 KB already; split as well, the Qwen3.5 ones ran 4-9% slower on the
 // H200 (2026-12-05), so they keep one block per head and their kernels compile to the unsplit code. Rows
-// are independent in every recurrence here, so the split changes no value. The Mamba-2/GDN kernel
-// (decode_conventional.cu) splits; KDA's (decode_kda_conventional.cu) keeps one block per head: its split
-// was 3% faster on Kimi Linear, but the build that would land differs from the one measured.
+// are independent in every recurrence here, so the split changes no value. Both conventional kernels
+// split: Mamba-2/GDN's (decode_conventional.cu) and KDA's (decode_kda_conventional.cu).
 inline int conventional_row_parts(const DecodeShape& s, formats::StorageFormat f) {
-  return f == formats::StorageFormat::fp32 && s.dv > 64 && s.dv % 64 == 0 ? s.dv / 64 : 1;
+  return f == formats::StorageFormat::fp32 && s.dv > 64 && s.dv % ((s.dv + 63) / 64) == 0 ? (s.dv + 63) / 64 : 1;
 }
 
 // The CPU decoders' stream numbering (ssm::sr_stream, built by the shared ssm::pack_sr_stream of
