@@ -1,5 +1,6 @@
-// Conventional KDA decode (REPLAYSSM.md section 1): one 256-thread block per (value head, sequence)
-// reads its head's dv x dk state, updates it with the channel-wise decay, outputs and writes it back.
+// Conventional KDA decode (REPLAYSSM.md section 1): 256-thread blocks per (value head, sequence) read the
+// head's dv x dk state, update it with the channel-wise decay, output and write it back, each block a range
+// of rows (conventional_row_parts, decode_common.cuh).
 #include "ssm/decode_kda.cuh"
 
 namespace replayssm::cuda {
@@ -16,11 +17,15 @@ namespace {
 // kEf: error feedback (+ef) on an fp16/bf16 state, the residual in state.residual
 // (ssm::ConventionalDecoder::step's quantize_state with a residual).
 template <StorageFormat F, int DK, bool kEf>
-__global__ void __launch_bounds__(kThreads) kda_conventional_kernel(DecodeShape shape, StepInputs in, DeviceState state) {
+__global__ void __launch_bounds__(kThreads) kda_conventional_kernel(DecodeShape shape, StepInputs in, DeviceState state, int parts) {
   using T = Tile<StorageFormat::fp32, DK>;  // 4 elements per piece whatever the storage width
   constexpr int E = T::E, P = T::P, LPR = T::LPR, RW = T::RW;
   constexpr int kBatch = 4;  // row iterations whose loads are issued together
-  const Geometry geo = geometry(shape);
+  // Only FP32 heads are split (conventional_row_parts); the other instances compile to one block per head.
+  const int split = F == StorageFormat::fp32 ? parts : 1;
+  const int head = blockIdx.x / split, part = blockIdx.x - head * split;
+  const Geometry geo = geometry_of_head(shape, head);
+  const int rows = geo.dv / split, row0 = part * rows, row_end = row0 + rows;  // this block's rows
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float kv[P][E], qv[P][E], av[P][E], akv[P][E];
   load_lane_vector<E, P, LPR>(in.k + (static_cast<std::size_t>(geo.b) * geo.G + geo.g) * DK, lane, kv);
@@ -34,27 +39,50 @@ __global__ void __launch_bounds__(kThreads) kda_conventional_kernel(DecodeShape 
   const __nv_bfloat16* v = in.v + geo.hb * geo.dv;
   const HeadView hv = head_view(state, geo.hb, geo.dv, DK);
   float* const residual = kEf ? head_residual(state, geo.hb, geo.dv, DK) : nullptr;
-  const int iterations = (geo.dv + kWarps * RW - 1) / (kWarps * RW);
-  for (int it0 = 0; it0 < iterations; it0 += kBatch) {  // uniform per warp: the row sums shuffle
-    float x[kBatch][P][E];
-    int rows[kBatch];
+  // Row iterations in batches of kBatch. FP32 states issue the next batch's loads before the current one
+  // is updated and stored (as conventional_kernel, decode_conventional.cu): up to 2 kBatch 16-byte loads
+  // per thread in flight. FP16/BF16 states load each batch when they reach it: with the prefetch, Kimi
+  // Linear's ran 6-20% slower on an H100 (session 21), and they are not split either.
+  constexpr bool kPrefetch = F == StorageFormat::fp32;
+  const int iterations = (rows + kWarps * RW - 1) / (kWarps * RW);
+  auto row_of = [&](int it) { return row0 + (it * kWarps + warp) * RW + T::row_in_iteration(lane); };
+  float next[kBatch][P][E];
+  auto load_batch = [&](int it0, float (&dst)[kBatch][P][E]) {
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      rows[j] = ((it0 + j) * kWarps + warp) * RW + T::row_in_iteration(lane);
+      const int r = row_of(it0 + j);
 #pragma unroll
       for (int p = 0; p < P; ++p) {
-        if (rows[j] < geo.dv) load4<F, DK>(hv, rows[j], T::col(lane, p), x[j][p]);
-        else x[j][p][0] = x[j][p][1] = x[j][p][2] = x[j][p][3] = 0.0f;
+        if (r < row_end) load4<F, DK>(hv, r, T::col(lane, p), dst[j][p]);
+        else dst[j][p][0] = dst[j][p][1] = dst[j][p][2] = dst[j][p][3] = 0.0f;
       }
+    }
+  };
+  if constexpr (kPrefetch) load_batch(0, next);
+  for (int it0 = 0; it0 < iterations; it0 += kBatch) {  // uniform per warp: the row sums shuffle
+    float x[kBatch][P][E];
+    int row[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) row[j] = row_of(it0 + j);
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+#pragma unroll
+          for (int e = 0; e < E; ++e) x[j][p][e] = next[j][p][e];
+      if (it0 + kBatch < iterations) load_batch(it0 + kBatch, next);
+    } else {
+      load_batch(it0, x);
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const bool valid = rows[j] < geo.dv;
+      const bool valid = row[j] < row_end;
       float sk = 0.0f;
 #pragma unroll
       for (int p = 0; p < P; ++p) sk = dot_acc<E>(x[j][p], akv[p], sk);
       sk = row_sum<LPR>(sk);  // S_{t-1} Diag(a_t) k_t
-      const float u = beta * ((valid ? __bfloat162float(v[rows[j]]) : 0.0f) - sk);
+      const float u = beta * ((valid ? __bfloat162float(v[row[j]]) : 0.0f) - sk);
       float o = 0.0f;
 #pragma unroll
       for (int p = 0; p < P; ++p) {
@@ -66,10 +94,10 @@ __global__ void __launch_bounds__(kThreads) kda_conventional_kernel(DecodeShape 
       if (valid) {
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-          if constexpr (kEf) store_piece_ef<F, DK>(hv, rows[j], T::col(lane, p), x[j][p], residual);
-          else store_piece<F, DK>(hv, rows[j], T::col(lane, p), x[j][p], formats::RoundingMode::nearest_even, 0, 0);
+          if constexpr (kEf) store_piece_ef<F, DK>(hv, row[j], T::col(lane, p), x[j][p], residual);
+          else store_piece<F, DK>(hv, row[j], T::col(lane, p), x[j][p], formats::RoundingMode::nearest_even, 0, 0);
         }
-        if (lane % LPR == 0) in.out[geo.hb * geo.dv + rows[j]] = o;
+        if (lane % LPR == 0) in.out[geo.hb * geo.dv + row[j]] = o;
       }
     }
   }
@@ -85,19 +113,20 @@ void kda_detail::conventional_step(const DecodeShape& shape, const StepInputs& i
   check_kda_inputs(in, 0);
   if (state.payload == nullptr) throw std::invalid_argument("kda conventional decode: DeviceState::payload is required");
   const bool ef = rounding == formats::Rounding::ef;  // checked_rounding: fp16/bf16 with a residual
-  const dim3 grid(shape.value_heads, shape.batch);
+  const int parts = conventional_row_parts(shape, state.format);
+  const dim3 grid(shape.value_heads * parts, shape.batch);
   with_dk(shape.dk, [&](auto DK) {
     switch (state.format) {
       case StorageFormat::fp32:
-        kda_conventional_kernel<StorageFormat::fp32, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state);
+        kda_conventional_kernel<StorageFormat::fp32, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state, parts);
         break;
       case StorageFormat::fp16:
-        if (ef) kda_conventional_kernel<StorageFormat::fp16, DK(), true><<<grid, kThreads, 0, stream>>>(shape, in, state);
-        else kda_conventional_kernel<StorageFormat::fp16, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state);
+        if (ef) kda_conventional_kernel<StorageFormat::fp16, DK(), true><<<grid, kThreads, 0, stream>>>(shape, in, state, parts);
+        else kda_conventional_kernel<StorageFormat::fp16, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state, parts);
         break;
       case StorageFormat::bf16:
-        if (ef) kda_conventional_kernel<StorageFormat::bf16, DK(), true><<<grid, kThreads, 0, stream>>>(shape, in, state);
-        else kda_conventional_kernel<StorageFormat::bf16, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state);
+        if (ef) kda_conventional_kernel<StorageFormat::bf16, DK(), true><<<grid, kThreads, 0, stream>>>(shape, in, state, parts);
+        else kda_conventional_kernel<StorageFormat::bf16, DK(), false><<<grid, kThreads, 0, stream>>>(shape, in, state, parts);
         break;
       default: throw std::invalid_argument("kda conventional decode: DeviceState::format must be fp32, fp16 or bf16");
     }
