@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 21, last device call (about TOTAL = 240 s), main's library (pack24's lib_e3 = c0706f0's):
+# Session 21, last device call (about TOTAL = 300 s), main's library (pack24's lib_e3 = c0706f0's):
 # 1. on an H200 only: both decode suites and 2 record rounds of every shape at B = 32 and 256 (the run of record for
 #    the session's landings); on another card this part is skipped (calls 3 and 4 measured it on the H100);
 # 2. where Super's NVFP4 read spends its instructions: Nsight Compute's SourceCounters on one launch of
@@ -7,9 +7,13 @@
 #    (-lineinfo build), `--page source --print-source cuda,sass --csv`; the details page as well, in case the
 #    source page is not printed. The NVFP4 read takes the same time on the H100 and the H200 (issue-bound), so
 #    either card answers this part.
-# -> $OUT/results.tar. Run from the repository root: TOTAL=240 bash experiments/bench/decode_2026-12-06/session21/call5.sh
+# 3. a probe (no code change): the non-flush reads with twice the heads per block (Super 16 x 64 rows, Nano 12 x 80),
+#    which shares the block's fixed work (prologue, key products, B table) over twice the rows, against the
+#    launcher's choice (8 heads), 2 alternating rounds. Forcing it sets the flush kernel's heads too; the
+#    `non-flush read` rows run no flush.
+# -> $OUT/results.tar. Run from the repository root: TOTAL=300 bash experiments/bench/decode_2026-12-06/session21/call5.sh
 source experiments/bench/decode_2026-12-05/device_common.sh
-TOTAL=${TOTAL:-240}; LIB=${LIB:-lib_e3}
+TOTAL=${TOTAL:-300}; LIB=${LIB:-lib_e3}
 unpack_pack ${PACK:-.device/pack24.tar.xz} $LIB
 LP=$A/$LIB$SYS
 LD_LIBRARY_PATH=$LP $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt $R/gpu.txt
@@ -25,6 +29,17 @@ if grep -q H200 $R/gpu.txt; then
     echo "record $round rc=$? $((SECONDS-t0))s"
   done
 fi
+for round in 1 2; do
+  for nh in 0 wide; do t0=$SECONDS
+    for shape in nemotron-3-super:16 nemotron-3-nano-4b:12; do
+      hpb=$([ $nh = wide ] && echo ${shape#*:} || echo 0)
+      LD_LIBRARY_PATH=$LP timeout 60 $B/replayssm-bench bench --shapes ${shape%:*} --batch 32 256 --window 16 --drafts 8 \
+        --heads-per-block $hpb --csv $R/nh_${nh}_${shape%:*}_$round.csv > $R/nh_${nh}_${shape%:*}_$round.txt 2>&1
+    done
+    echo "heads per block $nh round $round rc=$? $((SECONDS-t0))s"
+  done
+done
+grep -h "non-flush read" $R/nh_*_1.txt | grep "|  256 |" | cut -c1-140
 t0=$SECONDS
 LD_LIBRARY_PATH=$LP timeout -s INT $((TOTAL - SECONDS - 20)) ncu --clock-control none --kernel-name-base function \
   --print-kernel-base demangled -k "regex:^replay_nonflush_kernel\$" --launch-skip 120 --launch-count 1 \
