@@ -112,12 +112,12 @@ __device__ __forceinline__ void prefetch_verify_tile(const float* block_rows, in
 // UT transform, solved per row by forward substitution). A flush (h + T > L) folds the h committed
 // records into the same streamed rows and writes them back.
 // Where the checkpoint stream (and a flush's fold) runs on the tensor cores instead of the CUDA cores.
-// Chosen by measurement of the register-fed tensor-core stream this one replaced (H200; decode_2026-12-04/
-// call2_mma_verify/): GDN at dk = 128, T = 8 took 0.73-0.79 of the CUDA-core time without a flush, 0.90-0.93
-// with one (T = 4: 0.82-1.02, 0.74-0.98); at T <= 2 and for Mamba-2 the CUDA-core stream at 3 blocks per SM
-// won (the tensor-core one: 128 registers, 2 blocks per SM). Streaming the rows by cp.async then took GDN's
-// verification with a flush from 571 to 479 us (B = 256, H200; decode_2026-12-06/session20/). The choice
-// between the engines was not re-measured since. Other dk are not measured.
+// GDN: chosen by measurement of the register-fed tensor-core stream this one replaced (H200; decode_2026-12-04/
+// call2_mma_verify/): at dk = 128, T = 8 it took 0.73-0.79 of the CUDA-core time without a flush, 0.90-0.93
+// with one (T = 4: 0.82-1.02, 0.74-0.98; at T <= 2 the CUDA-core stream won). Streaming the rows by cp.async
+// then took GDN's verification with a flush from 571 to 479 us (B = 256, H200; decode_2026-12-06/session20/).
+// Mamba-2 at T = 8 (queries only): the streamed stream took its verification 0.87-0.93 of the CUDA-core time
+// (B = 32, 256; H100; decode_2026-12-06/session21/, change C). Other T and dk are not measured.
 template <ssm::Recurrence K, int DK, int TD>
 constexpr bool verify_on_tensor_cores() {
   return DK == 128 && (K == ssm::Recurrence::gdn ? TD >= 4 : K == ssm::Recurrence::mamba2 && TD == 8);
