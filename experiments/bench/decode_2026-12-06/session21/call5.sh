@@ -39,6 +39,12 @@ for round in 1 2; do
     echo "heads per block $nh round $round rc=$? $((SECONDS-t0))s"
   done
 done
+# compute-sanitizer on the conventional cases (E3's KDA prefetch, F's 2 x 40-row split), on any card
+for t in test_decode_cuda test_decode_kda_cuda; do t0=$SECONDS
+  LD_LIBRARY_PATH=$LP timeout 90 compute-sanitizer --tool memcheck $B/$t -tc="*onventional decode kernels*" \
+    > $R/memcheck_conv_$t.txt 2>&1
+  echo "memcheck conventional $t rc=$? $((SECONDS-t0))s $(tail -n 1 $R/memcheck_conv_$t.txt)"
+done
 grep -h "non-flush read" $R/nh_*_1.txt | grep "|  256 |" | cut -c1-140
 t0=$SECONDS
 LD_LIBRARY_PATH=$LP timeout -s INT $((TOTAL - SECONDS - 20)) ncu --clock-control none --kernel-name-base function \
