@@ -13,16 +13,17 @@ namespace {
 constexpr int kMaxNonflushRows = 512;
 
 // Heads per non-flush block when the launcher chooses: the most that divide the heads per key head with
-// at most kMaxNonflushRows rows, a grid of at least kLargeGridBlocksPerSm blocks per SM, and 3 blocks'
-// shared memory within what one block may have; never fewer than `narrow` (the flush kernel's choice,
-// heads_per_block).
-int nonflush_heads_per_block(const DecodeShape& s, int L, int narrow) {
+// at most kMaxNonflushRows rows (twice that for an NVFP4 read), a grid of at least kLargeGridBlocksPerSm
+// blocks per SM, and 3 blocks' shared memory within what one block may have; never fewer than `narrow`
+// (the flush kernel's choice, heads_per_block).
+int nonflush_heads_per_block(const DecodeShape& s, int L, int narrow, StorageFormat read) {
+  const int max_rows = read == StorageFormat::nvfp4 ? 2 * kMaxNonflushRows : kMaxNonflushRows;
+  const long min_blocks = static_cast<long>(kLargeGridBlocksPerSm) * sm_count();
   int best = narrow;
   for (int nh = narrow + 1; nh <= s.heads_per_group(); ++nh) {
     const std::size_t smem = sizeof(float) * replay_shared_floats(L, s.dk, s.dv, nh, false);
-    if (s.heads_per_group() % nh == 0 && nh * s.dv <= kMaxNonflushRows &&
-        static_cast<long>(s.batch) * s.value_heads / nh >= static_cast<long>(kLargeGridBlocksPerSm) * sm_count() &&
-        3 * smem <= max_dynamic_smem())
+    if (s.heads_per_group() % nh == 0 && nh * s.dv <= max_rows &&
+        static_cast<long>(s.batch) * s.value_heads / nh >= min_blocks && 3 * smem <= max_dynamic_smem())
       best = nh;
   }
   return best;
@@ -91,9 +92,11 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // rows. Measured on the H200 (2026-12-04, Nemotron-3-Super, B = 256, L = 16, 8 against 4 heads per
   // block, 75f8378's kernels): the NVFP4 / FP8 / FP16 reads 1.21x / 1.15x / 1.10x faster, the FP32 read
   // 1% slower; 16 heads (1,024 rows) made the FP32 read 1.14x slower (experiments/bench/decode_2026-12-04/
-  // session11/). Only while the grid keeps kLargeGridBlocksPerSm blocks per SM and 3 blocks fit one SM's
+  // session11/). The NVFP4 read, issue-bound, gains from 1,024 rows (H100, 2026-12-06, B = 256: Nano's read
+  // 0.880x the time with 12 heads, Super's 0.992x with 16; FP16 and FP8 lost 5-8% on Super: decode_2026-12-06/
+  // session22/). Only while the grid keeps kLargeGridBlocksPerSm blocks per SM and 3 blocks fit one SM's
   // shared memory.
-  const int NH_read = config.heads_per_block > 0 ? NH : nonflush_heads_per_block(shape, config.window, NH);
+  const int NH_read = config.heads_per_block > 0 ? NH : nonflush_heads_per_block(shape, config.window, NH, read);
   ReplayArgs A = make_replay_args(shape, in, config, records, NH_read, stage);
   const dim3 grid(shape.value_heads / NH_read, shape.batch), flush_grid(shape.value_heads / NH_flush, shape.batch);
   A.step_blocks = grid.x + flush_grid.x;
