@@ -3,6 +3,7 @@
 // shared FP32 checkpoint; separate precisions (Algorithm 3) and shared checkpoints below FP32 are in
 // decode_verify_split.cu.
 #include "ssm/decode_common.cuh"
+#include "ssm/decode_verify_epilogue.cuh"
 #include "ssm/decode_kda.cuh"
 #include "ssm/mma_tf32.cuh"
 
@@ -500,76 +501,14 @@ __global__ void __launch_bounds__(kThreads, verify_min_blocks<K, DK, TD>()) veri
     }
   }
   __syncthreads();
-  // One thread per (head, row): GDN solves the drafts' corrections (forward substitution of
-  // U_d (I + A B_d) = R B_d), then every draft output folds the records. The committed records run
-  // outermost: a record's value is read once for the 2T sums, and its coefficients (coef_q, coef_k: a row of TD
-  // per record) are broadcasts. Each sum still takes its terms in the order of the positions, with the
-  // same products, so the results are those of a loop over the drafts outermost, bit for bit.
+  // One thread per (head, row): the drafts' outputs (and GDN's corrections), decode_verify_epilogue.cuh.
   for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
     const int nn = idx / dv, r = idx % dv;
-    const float* const vn = s_vals + static_cast<std::size_t>(nn) * NP * dv + r;  // record p's value: vn[p dv]
-    const float* const coef_q = s_cq + nn * NP * TD;
-    const float* const coef_k = s_ck + nn * NP * TD;
-    constexpr bool gdn = K == ssm::Recurrence::gdn;
-    float o[TD], sk[gdn ? TD : 1];
-#pragma unroll
-    for (int s = 0; s < TD; ++s) {
-      o[s] = s_d[nn * TD + s] * s_rows[s * rows_total + idx];
-      if constexpr (gdn) sk[s] = s_d[nn * TD + s] * s_rows[(TD + s) * rows_total + idx];
-    }
-    // The committed records (p < h), every draft's sums at once.
-    const auto coefficients = [&](const float* table, int p, float (&c)[TD]) {
-      if constexpr (TD % 4 == 0) {
-#pragma unroll
-        for (int s4 = 0; s4 < TD; s4 += 4) {
-          const float4 c4 = *reinterpret_cast<const float4*>(table + p * TD + s4);
-          c[s4] = c4.x, c[s4 + 1] = c4.y, c[s4 + 2] = c4.z, c[s4 + 3] = c4.w;
-        }
-      } else {
-#pragma unroll
-        for (int s = 0; s < TD; ++s) c[s] = table[p * TD + s];
-      }
-    };
-#pragma unroll 2
-    for (int p = 0; p < h; ++p) {
-      const float x = vn[static_cast<std::size_t>(p) * dv];
-      float c[TD];
-      coefficients(coef_q, p, c);
-#pragma unroll
-      for (int s = 0; s < TD; ++s) o[s] = fmaf(c[s], x, o[s]);
-      if constexpr (gdn) {
-        coefficients(coef_k, p, c);
-#pragma unroll
-        for (int s = 0; s < TD; ++s) sk[s] = fmaf(c[s], x, sk[s]);
-      }
-    }
-    if constexpr (gdn) {
-      // The drafts' corrections in order (u_d[s] needs u_d[j < s]), then their terms of the outputs.
-      float u_d[TD];
-#pragma unroll
-      for (int s = 0; s < TD; ++s) {
-#pragma unroll
-        for (int j = 0; j < s; ++j) sk[s] = fmaf(coef_k[(h + j) * TD + s], u_d[j], sk[s]);
-        const float vs = __bfloat162float(A.in.v[in_head(s, nn) * dv + r]);
-        u_d[s] = s_beta[nn * TD + s] * (vs - sk[s]);
-      }
-#pragma unroll
-      for (int s = 0; s < TD; ++s)
-#pragma unroll
-        for (int j = 0; j <= s; ++j) o[s] = fmaf(coef_q[(h + j) * TD + s], u_d[j], o[s]);
-#pragma unroll
-      for (int s = 0; s < TD; ++s) A.rec.u[(ring_slot(A.rec, bg.b, win, h + s) * bg.H + bg.head0 + nn) * dv + r] = u_d[s];
-    } else {
-      // Mamba-2: draft j's record (its v, staged at h + j) enters the outputs of drafts s >= j.
-#pragma unroll
-      for (int j = 0; j < TD; ++j) {
-        const float x = vn[static_cast<std::size_t>(h + j) * dv];
-#pragma unroll
-        for (int s = j; s < TD; ++s) o[s] = fmaf(coef_q[(h + j) * TD + s], x, o[s]);
-      }
-    }
-#pragma unroll
-    for (int s = 0; s < TD; ++s) A.in.out[in_head(s, nn) * dv + r] = o[s];
+    verify_row_epilogue<TD, K == ssm::Recurrence::gdn, TD % 4 == 0>(
+        idx, nn, r, dv, h, NP, rows_total, s_vals, s_cq, s_ck, s_d, s_rows,
+        [&](int s, float sk) { return s_beta[nn * TD + s] * (__bfloat162float(A.in.v[in_head(s, nn) * dv + r]) - sk); },
+        [&](int s, float u) { A.rec.u[(ring_slot(A.rec, bg.b, win, h + s) * bg.H + bg.head0 + nn) * dv + r] = u; },
+        [&](int s, float o) { A.in.out[in_head(s, nn) * dv + r] = o; });
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     WindowState next = win;

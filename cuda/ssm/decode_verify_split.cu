@@ -17,6 +17,7 @@
 // (one warp row group per state row, the drafts' queries and keys staged in shared memory, every
 // format decoded through one switch), not for the traffic limit.
 #include "ssm/decode_common.cuh"
+#include "ssm/decode_verify_epilogue.cuh"
 
 namespace replayssm::cuda {
 
@@ -407,55 +408,17 @@ __global__ void __launch_bounds__(kThreads) split_verify_kernel(SplitVerifyArgs 
                                  head_residual(A.read, hb0 + nn, dv, DK));
     }
   }
-  // One thread per (head, row): GDN solves the drafts' corrections (forward substitution of
-  // U_d (I + A B_d) = R B_d), then every draft output O = S Q D + U (W o K^T Q) folds the records. The
-  // committed records run outermost (a record's value read once for the 2T sums, its coefficients as
-  // broadcasts); each sum still takes the same products in the order of the positions (decode_verify.cu).
+  // One thread per (head, row): the drafts' outputs (and GDN's corrections), decode_verify_epilogue.cuh.
   for (int idx = threadIdx.x; idx < rows_total; idx += kThreads) {
     const int nn = idx / dv, r = idx % dv;
-    const float* const vn = s_vals + static_cast<std::size_t>(nn) * NP * dv + r;  // record p's value: vn[p dv]
-    const float* const coef_q = s_cq + nn * NP * TD;
-    const float* const coef_k = s_ck + nn * NP * TD;
-    float o[TD], sk[kDelta ? TD : 1];
-#pragma unroll
-    for (int s = 0; s < TD; ++s) {
-      o[s] = s_d[nn * TD + s] * s_rows[s * rows_total + idx];
-      if constexpr (kDelta) sk[s] = s_d[nn * TD + s] * s_rows[(TD + s) * rows_total + idx];
-    }
-#pragma unroll 2
-    for (int p = 0; p < h; ++p) {
-      const float x = vn[static_cast<std::size_t>(p) * dv];
-#pragma unroll
-      for (int s = 0; s < TD; ++s) o[s] = fmaf(coef_q[p * TD + s], x, o[s]);
-      if constexpr (kDelta)
-#pragma unroll
-        for (int s = 0; s < TD; ++s) sk[s] = fmaf(coef_k[p * TD + s], x, sk[s]);
-    }
-    if constexpr (kDelta) {
-      float u_d[TD];
-#pragma unroll
-      for (int s = 0; s < TD; ++s) {
-#pragma unroll
-        for (int j = 0; j < s; ++j) sk[s] = fmaf(coef_k[(h + j) * TD + s], u_d[j], sk[s]);
-        u_d[s] = s_beta[nn * NP + h + s] * (vn[static_cast<std::size_t>(h + s) * dv] - sk[s]);
-      }
-#pragma unroll
-      for (int s = 0; s < TD; ++s)
-#pragma unroll
-        for (int j = 0; j <= s; ++j) o[s] = fmaf(coef_q[(h + j) * TD + s], u_d[j], o[s]);
-#pragma unroll
-      for (int s = 0; s < TD; ++s) A.rec.u[(slot_of(h + s) * bg.H + bg.head0 + nn) * dv + r] = u_d[s];
-    } else {
-      // Mamba-2: draft j's record (its v, staged at h + j) enters the outputs of drafts s >= j.
-#pragma unroll
-      for (int j = 0; j < TD; ++j) {
-        const float x = vn[static_cast<std::size_t>(h + j) * dv];
-#pragma unroll
-        for (int s = j; s < TD; ++s) o[s] = fmaf(coef_q[(h + j) * TD + s], x, o[s]);
-      }
-    }
-#pragma unroll
-    for (int s = 0; s < TD; ++s) A.in.out[in_head(s, nn) * dv + r] = o[s];
+    verify_row_epilogue<TD, kDelta, false>(
+        idx, nn, r, dv, h, NP, rows_total, s_vals, s_cq, s_ck, s_d, s_rows,
+        [&](int s, float sk) {
+          const float* const vn = s_vals + static_cast<std::size_t>(nn) * NP * dv + r;  // staged at h + s
+          return s_beta[nn * NP + h + s] * (vn[static_cast<std::size_t>(h + s) * dv] - sk);
+        },
+        [&](int s, float u) { A.rec.u[(slot_of(h + s) * bg.H + bg.head0 + nn) * dv + r] = u; },
+        [&](int s, float o) { A.in.out[in_head(s, nn) * dv + r] = o; });
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     WindowState next = win;
