@@ -140,14 +140,18 @@ struct ReplayConfig {
   float skip_threshold_read = 0.0f;
   float skip_threshold_flush = 0.0f;
   bool skips() const { return skip_threshold_read > 0.0f || skip_threshold_flush > 0.0f; }
-  // How a non-flush step reads an NVFP4 read copy: as tensor-core products (cuda/ssm/mma_read.cuh) or on
-  // the CUDA cores. Both give the same values up to fp32 summation order. The tensor-core read exists only
-  // for Mamba-2 and GDN at dk = 128 with dv % 16 == 0: replay_step refuses tensor_cores for an NVFP4 read
-  // copy anywhere else. Other read formats ignore this, and verify_step always reads on the CUDA cores.
+  // How a non-flush step reads an NVFP4 or FP8-b128 read copy: as tensor-core products (cuda/ssm/mma_read.cuh)
+  // or on the CUDA cores. Both give the same values up to fp32 summation order. A tensor-core read exists
+  // for NVFP4 on Mamba-2 and GDN and for FP8-b128 on GDN, at dk = 128 with dv % 16 == 0
+  // (tensor_core_read_exists): replay_step refuses tensor_cores for an NVFP4 or FP8-b128 read copy anywhere
+  // else. FP32, FP16 and BF16 reads ignore this, and verify_step always reads on the CUDA cores.
   // automatic: the tensor cores on grids of at least 4 blocks per SM, where they were measured faster.
   enum class ReadPath { automatic, cuda_cores, tensor_cores };
-  ReadPath nvfp4_read_path = ReadPath::automatic;
+  ReadPath read_path = ReadPath::automatic;
 };
+
+// Whether replay_step has a tensor-core read (ReplayConfig::read_path) for a read copy in `read` format.
+bool tensor_core_read_exists(ssm::Recurrence kind, formats::StorageFormat read, int dk, int dv);
 
 // `rounding`: rtn, or ef with state.residual set (fp16/bf16 state; fp32 stores exactly).
 void conventional_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, DeviceState state,

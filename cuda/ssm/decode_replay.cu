@@ -21,7 +21,10 @@ int nonflush_heads_per_block(const DecodeShape& s, int L, int narrow, StorageFor
   const long min_blocks = static_cast<long>(kLargeGridBlocksPerSm) * sm_count();
   int best = narrow;
   for (int nh = narrow + 1; nh <= s.heads_per_group(); ++nh) {
-    const std::size_t smem = sizeof(float) * replay_shared_floats(L, s.dk, s.dv, nh, false);
+    // GDN's FP8 tensor-core read also stages its rows' block scales (mma_read.cuh); counted for any FP8 read.
+    const std::size_t smem =
+        sizeof(float) * (replay_shared_floats(L, s.dk, s.dv, nh, false) +
+                         (read == StorageFormat::fp8b128 ? static_cast<std::size_t>(nh) * s.dv : 0));
     if (s.heads_per_group() % nh == 0 && nh * s.dv <= max_rows &&
         static_cast<long>(s.batch) * s.value_heads / nh >= min_blocks && 3 * smem <= max_dynamic_smem())
       best = nh;
@@ -31,16 +34,24 @@ int nonflush_heads_per_block(const DecodeShape& s, int L, int narrow, StorageFor
 
 }  // namespace
 
+bool tensor_core_read_exists(ssm::Recurrence kind, StorageFormat read, int dk, int dv) {
+  // As mma_read_applies (mma_read.cuh) and tensor_core_read_serves.
+  const bool format = read == StorageFormat::nvfp4 || (read == StorageFormat::fp8b128 && kind == ssm::Recurrence::gdn);
+  return kind != ssm::Recurrence::kda && format && tensor_core_read_serves(dk, dv);
+}
+
 void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInputs& in, const ReplayConfig& config,
                  DeviceRecords& records, cudaStream_t stream) {
-  // A forced tensor-core NVFP4 read where there is none is refused rather than run on the CUDA cores: a
-  // study of that path's numerics must not silently measure the other one.
-  const bool nvfp4_read = (config.split() ? config.read.format : config.recur.format) == StorageFormat::nvfp4;
-  if (nvfp4_read && config.nvfp4_read_path == ReplayConfig::ReadPath::tensor_cores &&
-      (kind == ssm::Recurrence::kda || !tensor_core_read_serves(shape.dk, shape.dv)))
-    throw_invalid_argument(kind == ssm::Recurrence::kda
-                               ? "nvfp4_read_path = tensor_cores: the KDA kernels have no tensor-core read"
-                               : "nvfp4_read_path = tensor_cores: the tensor-core NVFP4 read serves dk = 128 with dv % 16 == 0",
+  // A forced tensor-core read where there is none is refused rather than run on the CUDA cores: a study of
+  // that path's numerics must not silently measure the other one.
+  const StorageFormat read_format = config.split() ? config.read.format : config.recur.format;
+  if ((read_format == StorageFormat::nvfp4 || read_format == StorageFormat::fp8b128) &&
+      config.read_path == ReplayConfig::ReadPath::tensor_cores &&
+      !tensor_core_read_exists(kind, read_format, shape.dk, shape.dv))
+    throw_invalid_argument(kind == ssm::Recurrence::kda ? "read_path = tensor_cores: the KDA kernels have no tensor-core read"
+                           : read_format == StorageFormat::fp8b128 && kind == ssm::Recurrence::mamba2
+                               ? "read_path = tensor_cores: the FP8-b128 read has tensor cores for GDN only"
+                               : "read_path = tensor_cores: the tensor-core reads serve dk = 128 with dv % 16 == 0",
                            "dk", shape.dk, "dv", shape.dv);
   if (kind == ssm::Recurrence::kda) return kda_detail::replay_step(shape, in, config, records, stream);
   check_shape(shape);
@@ -57,11 +68,10 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   if (records.capacity < min_capacity)
     throw_invalid_argument("record ring needs capacity L, or max(L, T) + T with max_drafts = T", "capacity", records.capacity,
                            "needed", min_capacity);
-  const StorageFormat read = config.split() ? config.read.format : config.recur.format;
-  if (read == StorageFormat::fp8b128 && shape.dk % 128) throw std::invalid_argument("fp8b128 read needs dk % 128 == 0");
+  if (read_format == StorageFormat::fp8b128 && shape.dk % 128) throw std::invalid_argument("fp8b128 read needs dk % 128 == 0");
   // The NVFP4 LP copy needs the tensor amax before encoding; the flush re-reads the rows from the
   // recur (HP) checkpoint it just wrote, which holds S itself only when the recur copy is fp32.
-  if (config.split() && read == StorageFormat::nvfp4 && config.recur.format != StorageFormat::fp32)
+  if (config.split() && read_format == StorageFormat::nvfp4 && config.recur.format != StorageFormat::fp32)
     throw std::invalid_argument("an NVFP4 read checkpoint needs an fp32 recurrence checkpoint in the kernels");
   // This step's kernels loop over the block's (head, row) pairs, so a forced NH may exceed 256 rows;
   // the flush block's shared memory (the window's keys and every head's records) must still fit.
@@ -96,7 +106,7 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // 0.880x the time with 12 heads, Super's 0.992x with 16; FP16 and FP8 lost 5-8% on Super: decode_2026-12-06/
   // session22/). Only while the grid keeps kLargeGridBlocksPerSm blocks per SM and 3 blocks fit one SM's
   // shared memory.
-  const int NH_read = config.heads_per_block > 0 ? NH : nonflush_heads_per_block(shape, config.window, NH, read);
+  const int NH_read = config.heads_per_block > 0 ? NH : nonflush_heads_per_block(shape, config.window, NH, read_format);
   ReplayArgs A = make_replay_args(shape, in, config, records, NH_read, stage);
   const dim3 grid(shape.value_heads / NH_read, shape.batch), flush_grid(shape.value_heads / NH_flush, shape.batch);
   A.step_blocks = grid.x + flush_grid.x;
@@ -109,7 +119,7 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // L = 16 gave 258 us + 71 us for the two kernels where the staggered step took 327.5 us. (What
   // follows in the stream still waits for both.)
   launch_replay_flush(kind, config.recur.format, A_flush, flush_grid, stream);
-  launch_replay_nonflush(kind, read, A, grid, stream);
+  launch_replay_nonflush(kind, read_format, A, grid, stream);
   REPLAYSSM_CUDA_CHECK_LAUNCH();
   advance_host_parity(records);
 }

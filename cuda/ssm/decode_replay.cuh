@@ -25,7 +25,7 @@ struct ReplayArgs {
   int heads_per_block;  // NH of the kernel launched with these arguments (the two kernels may differ)
   int stage;            // positions a flush may stage: L, or max(L, T) + 1 when the ring serves verification
   unsigned step_blocks = 0;  // blocks of one sequence in both kernels together (step_block_done)
-  ReplayConfig::ReadPath nvfp4_read_path = ReplayConfig::ReadPath::automatic;
+  ReplayConfig::ReadPath read_path = ReplayConfig::ReadPath::automatic;
   // Error feedback (+ef): the recur copy's writes add recur.residual (fp16 recur copy); the read
   // copy's do when read.residual is set. recur_mode is then nearest_even.
   bool recur_ef = false;
@@ -55,7 +55,7 @@ inline ReplayArgs make_replay_args(const DecodeShape& shape, const StepInputs& i
   A.recur_ef = config.recur_rounding == formats::Rounding::ef;
   A.skip_read = config.skip_threshold_read;
   A.skip_flush = config.skip_threshold_flush;
-  A.nvfp4_read_path = config.nvfp4_read_path;
+  A.read_path = config.read_path;
   return A;
 }
 
@@ -329,8 +329,8 @@ __device__ __forceinline__ void append_record(const ReplayArgs& A, const BlockGe
 }
 
 
-// The shapes the tensor-core NVFP4 read (mma_read.cuh) serves: dk = 128, and 16-row tiles that never
-// straddle two heads (dv % 16 == 0). Mamba-2 and GDN only: KDA's kernels have no tensor-core read.
+// The shapes the tensor-core reads (mma_read.cuh) serve: dk = 128, and 16-row tiles that never straddle two
+// heads (dv % 16 == 0). Mamba-2 and GDN only (mma_read_applies): KDA's kernels have no tensor-core read.
 __host__ __device__ constexpr bool tensor_core_read_serves(int dk, int dv) { return dk == 128 && dv % 16 == 0; }
 
 // 16 bytes global -> shared without registers (cp.async), zero-filled when !valid (src not read). Both

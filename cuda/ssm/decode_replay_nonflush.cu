@@ -202,8 +202,67 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   if (skip_on) stage_skip_flags(A, bg, win, sh, h0, A.skip_read);
   const float* const skipped = skip_on ? sh.skip : nullptr;
 
-  if constexpr (kMma) {
-    static_assert(mma_read_applies<R, DK>(), "the tensor-core read serves NVFP4 at dk = 128");
+  if constexpr (kMma && R == StorageFormat::fp8b128) {
+    // GDN's FP8-b128 read: A the E4M3 codes as f16 (exact), B the shared columns (q hi, lo; k hi, lo), one
+    // 16-row tile per unit, kUnits tiles in flight beyond the current one; the block scale multiplies each
+    // row sum.
+    static_assert(K == ssm::Recurrence::gdn, "the FP8 tensor-core read is GDN's (mma_read_applies)");
+    constexpr int kUnits = 1;
+    const int tiles = rows_total / 16;
+    const int my_tiles = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;
+    const Fp8MmaCursor cursor = fp8_mma_cursor<DK>(rv);
+    Fp8MmaUnit buf[kUnits];
+#pragma unroll
+    for (int j = 0; j < kUnits; ++j) buf[j] = load_fp8_mma_unit<DK>(cursor, head_of_row, tiles, j, skipped);
+    // The rows' block scales (contiguous: one per row) into shared memory as their own cp.async group, so
+    // that they need no registers while the tiles stream; skipped heads' scales are not read.
+    float* const row_scales = fp8_row_scales(sh);
+    if (reinterpret_cast<std::uintptr_t>(rv.block_scales) % 16 == 0) {
+      for (int i = threadIdx.x; i < rows_total / 4; i += kThreads)
+        copy_async16(row_scales + 4 * i, rv.block_scales + 4 * i, !(skipped && skipped[head_of_row(4 * i)] != 0.0f));
+    } else {
+      for (int i = threadIdx.x; i < rows_total; i += kThreads)
+        row_scales[i] = skipped && skipped[head_of_row(i)] != 0.0f ? 0.0f : rv.block_scales[i];
+    }
+    // Groups: the scales, an empty one, then the records' when stage_window_records copies by cp.async
+    // (else it has copied them already). Waiting until at most one group is pending is then waiting for
+    // the scales alone either way: the records may stay in flight through the stream.
+    copy_async_commit();
+    copy_async_commit();
+    const int sq = mma_vector_exponent<DK>(q_t), sk = mma_vector_exponent<DK>(k_t);
+    build_mma_b_table<DK, false, R>(q_t, k_t, sq, sk, sh.mma_b);
+    nonflush_record_phase<K, DK>(A, bg, win, sh, h0, staged, q_t, k_t);
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    __syncthreads();
+    uint32_t b[DK / 8];
+    const float unscale = load_mma_b<DK, false>(sh.mma_b, sq, sk, b);
+    const int g = lane / 4, t = lane % 4;
+    for (int lt0 = 0; lt0 < my_tiles; lt0 += kUnits) {
+#pragma unroll
+      for (int j = 0; j < kUnits; ++j) {
+        const Fp8MmaUnit cur = buf[j];
+        buf[j] = load_fp8_mma_unit<DK>(cursor, head_of_row, tiles, lt0 + j + kUnits, skipped);
+        float d[4] = {};
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          uint32_t ag[8], ag8[8];
+          fp8_piece_pairs(cur.row_g[s], ag);
+          fp8_piece_pairs(cur.row_g8[s], ag8);
+#pragma unroll
+          for (int m = 0; m < 4; ++m)
+            mma_f16_16816(d, ag[2 * m], ag8[2 * m], ag[2 * m + 1], ag8[2 * m + 1], b[8 * s + 2 * m], b[8 * s + 2 * m + 1]);
+        }
+        const int tile = (lt0 + j) * kWarps + warp;
+        if (tile < tiles && t < 2) {
+          float* out = t == 0 ? sh.rows1 : sh.rows2;
+          const int row = tile * 16 + g;
+          out[row] = (d[0] + d[1]) * unscale * row_scales[row];
+          out[row + 8] = (d[2] + d[3]) * unscale * row_scales[row + 8];
+        }
+      }
+    }
+  } else if constexpr (kMma) {
+    static_assert(mma_read_applies<K, R, DK>(), "the tensor-core read serves NVFP4 at dk = 128");
     {
       // Units (tile, slab): S slabs per 16-row tile (1 for NVFP4 at dk = 128), kUnits in flight; a loop
       // iteration covers G tiles so that every slab and buffer index is a compile-time constant.
@@ -380,6 +439,9 @@ template <ssm::Recurrence K, StorageFormat R, int DK, bool kMma>
 constexpr int nonflush_min_blocks() {
   // The tensor-core read (NVFP4): 16 B-fragment registers, 2 tiles of loads and accumulators per lane;
   // ptxas -v, sm_90: no spills at 3 blocks per SM (120 B at 4, Mamba-2).
+  // GDN's FP8 tensor-core read: 64 registers without spills at 4 blocks per SM (ptxas -v, sm_90, 2026-12-06;
+  // its skipping instance spills 24 B); at 3 blocks per SM it was slower than the CUDA-core read.
+  if (kMma && R == StorageFormat::fp8b128) return 4;
   if (kMma) return 3;
   if (DK == 256 || R == StorageFormat::nvfp4) return K == ssm::Recurrence::gdn ? 2 : 3;
   return K == ssm::Recurrence::gdn && R == StorageFormat::fp8b128 ? 3 : 4;
@@ -412,23 +474,25 @@ void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat r
   with_kind(kind, [&](auto K) {
     with_dk(A.shape.dk, [&](auto DK) {
       // The skipping instantiation only when skipping is on (kSkip: see replay_nonflush_kernel).
+      using SF = StorageFormat;
       auto launch = [&](auto R) {
         // A programmatic dependent launch of the flush kernel (decode_replay.cu says why). The tensor-core
         // read where it applies (16-row tiles must not straddle heads: dv % 16 == 0) on large grids.
         auto with_skip = [&](auto kMma) {
-          if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true, kMma()>, A, grid, smem, true, stream);
-          else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false, kMma()>, A, grid, smem, true, stream);
+          const std::size_t bytes =
+              smem + (kMma() && R() == SF::fp8b128 ? sizeof(float) * fp8_row_scale_floats(A.shape.dv, A.heads_per_block) : 0);
+          if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true, kMma()>, A, grid, bytes, true, stream);
+          else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false, kMma()>, A, grid, bytes, true, stream);
         };
-        if constexpr (mma_read_applies<R(), DK()>()) {
+        if constexpr (mma_read_applies<K(), R(), DK()>()) {
           using Path = ReplayConfig::ReadPath;
           const bool large = static_cast<long>(grid.x) * grid.y >= static_cast<long>(kLargeGridBlocksPerSm) * sm_count();
           if (tensor_core_read_serves(DK(), A.shape.dv) &&
-              (A.nvfp4_read_path == Path::tensor_cores || (A.nvfp4_read_path == Path::automatic && large)))
+              (A.read_path == Path::tensor_cores || (A.read_path == Path::automatic && large)))
             return with_skip(std::true_type{});
         }
         with_skip(std::false_type{});
       };
-      using SF = StorageFormat;
       switch (read) {
         case SF::fp32: launch(std::integral_constant<SF, SF::fp32>{}); break;
         case SF::fp16: launch(std::integral_constant<SF, SF::fp16>{}); break;

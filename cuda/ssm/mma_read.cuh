@@ -1,5 +1,5 @@
 // The NVFP4 checkpoint read on the tensor cores: S q (and, for GDN, S k) of an NVFP4 read copy as m16n8k16
-// products, for the non-flush step (decode_replay_nonflush.cu).
+// products, for the non-flush step (decode_replay_nonflush.cu); and GDN's FP8-b128 read the same way.
 //
 // Why: on the CUDA cores every element costs a conversion to fp32 and a fused multiply-add, so the
 // NVFP4 read ran issue-bound, not at its byte count (Nsight Compute, 2026-12-04,
@@ -8,7 +8,11 @@
 // FP16 / FP8-b128 reads was measured slower on the H200 (2026-12-04, B = 256: FP16 1.10-1.35x, FP8
 // 1.02-1.04x the CUDA-core read's time): with 16-byte pieces of rows g and g + 8 per unit it keeps fewer
 // loads in flight than the CUDA-core walk, and those reads are not issue-bound enough to gain
-// (experiments/bench/decode_2026-12-04/session11/). So only NVFP4 takes it.
+// (experiments/bench/decode_2026-12-04/session11/). So only NVFP4 takes it, and GDN's FP8-b128 read since
+// 2026-12-06: on the H100 its tensor-core read at 4 blocks per SM (64 registers, the FP8 codes as f16 pairs,
+// the block scales staged in shared memory) took 0.87-0.94x the CUDA-core read's time on Qwen3.5-4B and
+// Qwen3.5-122B at B = 64-256, Mamba-2's 0.97-0.99x; at 3 blocks per SM both were slower (Nsight Compute:
+// 14-24% fewer instructions, but each block's serial phases then stall the SM; decode_2026-12-06/session23/).
 //
 // Exactness. A (16 rows x 16 k) holds E2M1 x E4M3 block scale, exact in f16 (<= 6 significant bits,
 // 2^-10 .. 2688). B holds each vector times 2^s (s from its largest magnitude, so that it lies in
@@ -45,10 +49,12 @@ namespace replayssm::cuda::decode_detail {
 using formats::StorageFormat;
 using namespace detail;
 
-// The format and head dimension the tensor-core read serves (dv % 16 == 0 is checked at run time).
-template <StorageFormat R, int DK>
+// The recurrence, format and head dimension the tensor-core read serves (dv % 16 == 0 is checked at run
+// time): NVFP4 for Mamba-2 and GDN, FP8-b128 for GDN.
+template <ssm::Recurrence K, StorageFormat R, int DK>
 __host__ __device__ constexpr bool mma_read_applies() {
-  return DK == 128 && R == StorageFormat::nvfp4;
+  return DK == 128 && K != ssm::Recurrence::kda &&
+         (R == StorageFormat::nvfp4 || (R == StorageFormat::fp8b128 && K == ssm::Recurrence::gdn));
 }
 
 // d += A B, m16n8k16, f16 operands, fp32 accumulators.
@@ -59,9 +65,12 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], uint32_t a0, uint32
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Element (within its 32-element piece) of half `half` of the piece's decoded pair `pair`: the decode
-// yields per 32-bit word the pairs (0, 2), (1, 3), (4, 6), (5, 7) (e2m1x8_to_half2_scaled).
+// Element (within its piece) of half `half` of the piece's decoded pair `pair`. NVFP4 (32-element pieces):
+// the decode yields per 32-bit word the pairs (0, 2), (1, 3), (4, 6), (5, 7) (e2m1x8_to_half2_scaled);
+// FP8 (16-element pieces): pair i is elements 2i, 2i + 1 (fp8_piece_pairs).
+template <StorageFormat R>
 __device__ __forceinline__ constexpr int piece_element(int pair, int half) {
+  if constexpr (R == StorageFormat::fp8b128) return 2 * pair + half;
   return 8 * (pair / 4) + (pair % 2) + 4 * ((pair % 4) / 2) + 2 * half;
 }
 
@@ -105,6 +114,14 @@ __device__ __forceinline__ void nvfp4_piece_pairs(const RawPiece& r, uint32_t (&
       for (int i = 0; i < 4; ++i) out[i] = hmul2_bits(out[i], s2);
     }
   }
+}
+
+// A loaded FP8 (E4M3) piece, 16 elements, as the 8 f16 pairs A takes: E4M3 values are exact in f16
+// (2^-9 .. 448), one conversion per pair; the row's block scale multiplies the row sum.
+__device__ __forceinline__ void fp8_piece_pairs(const uint4& bits, uint32_t (&pairs)[8]) {
+  const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) pairs[2 * j] = e4m3x2_to_half2_bits(w[j]), pairs[2 * j + 1] = e4m3x2_to_half2_bits(w[j] >> 16);
 }
 
 // A loaded NVFP4 piece as the 16 f16 pairs of its bare codes (e2m1 x 2^-6, exact), for the lane-column
@@ -155,16 +172,16 @@ __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) <
 // (shared columns, Mamba-2's old layout: columns 2, 3 zero); lanes g >= 4 hold zeros. kLaneColumns: the
 // lane-column layout (q only; lane (g, t) holds q where g / 2 == t). `sq`, `sk`: the vectors' exponents
 // (mma_vector_exponent).
-template <int DK, bool kLaneColumns>
+template <int DK, bool kLaneColumns, StorageFormat R = StorageFormat::nvfp4>
 __device__ __forceinline__ void build_mma_b_table(const __nv_bfloat16* q, const __nv_bfloat16* k, int sq, int sk,
                                                   uint32_t* table) {
-  constexpr int E = FormatTraits<StorageFormat::nvfp4>::kElementsPerPiece, kPerLane = DK / 8;
+  constexpr int E = FormatTraits<R>::kElementsPerPiece, kPerLane = DK / 8;
   for (int e = threadIdx.x; e < 32 * kPerLane; e += kThreads) {
     const int lane = e / kPerLane, P = e % kPerLane, g = lane / 4, t = lane % 4;
     const __nv_bfloat16* vec = kLaneColumns ? (g / 2 == t ? q : nullptr) : g < 2 ? q : g < 4 ? k : nullptr;
     const int s = P / (E / 2), i = P % (E / 2), col = s * 4 * E + t * E;
-    const float x0 = vec ? __bfloat162float(vec[col + piece_element(i, 0)]) : 0.0f;
-    const float x1 = vec ? __bfloat162float(vec[col + piece_element(i, 1)]) : 0.0f;
+    const float x0 = vec ? __bfloat162float(vec[col + piece_element<R>(i, 0)]) : 0.0f;
+    const float x1 = vec ? __bfloat162float(vec[col + piece_element<R>(i, 1)]) : 0.0f;
     const float scale = pow2(kLaneColumns || g < 2 ? sq : sk);
     const float y0 = x0 * scale, y1 = x1 * scale;
     const __half2 hi = __floats2half2_rn(y0, y1);
@@ -192,5 +209,46 @@ struct MmaReadUnit {
   RawPiece row_g, row_g8;
   float tensor_scale;
 };
+
+// The FP8-b128 read at dk = 128 (one block scale per row, staged in shared memory): a unit is one 16-row
+// tile, the lane's 16-byte pieces of rows g and g + 8 in both 64-column slabs (columns slab * 64 + t * 16 ..
+// + 16).
+struct Fp8MmaUnit {
+  uint4 row_g[2], row_g8[2];
+};
+// The rows' block scales, staged in shared memory right after the B table; the launch adds their room
+// (fp8_row_scale_floats) to the block's shared memory.
+__host__ __device__ constexpr std::size_t fp8_row_scale_floats(int dv, int NH) { return static_cast<std::size_t>(NH) * dv; }
+__device__ __forceinline__ float* fp8_row_scales(const ReplayShared& sh) { return reinterpret_cast<float*>(sh.mma_b + 32 * kMmaBStride); }
+struct Fp8MmaCursor {
+  const uint8_t* payload;
+};
+template <int DK>
+__device__ __forceinline__ Fp8MmaCursor fp8_mma_cursor(const HeadView& rv) {
+  static_assert(DK == formats::kFp8BlockSize, "one FP8 block scale per row");
+  constexpr int E = FormatTraits<StorageFormat::fp8b128>::kElementsPerPiece;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, row = warp * 16 + lane / 4;
+  return {rv.payload + row * DK + (lane % 4) * E};
+}
+// Loads of local tile `local_tile` of this warp; zeros for tiles past the block's rows and for heads whose
+// read is skipped (appendix F). Tiles never straddle heads (dv % 16 == 0).
+template <int DK>
+__device__ __forceinline__ Fp8MmaUnit load_fp8_mma_unit(const Fp8MmaCursor& c, const SmallDiv& head_of_row, int tiles,
+                                                        int local_tile, const float* skipped) {
+  constexpr int kSlab = 4 * FormatTraits<StorageFormat::fp8b128>::kElementsPerPiece;
+  const int tile = local_tile * kWarps + threadIdx.x / 32;
+  Fp8MmaUnit u{};
+  bool valid = tile < tiles;
+  if (valid && skipped) valid = skipped[head_of_row(tile * 16)] == 0.0f;
+  if (valid) {
+    const int rows = local_tile * kWarps * 16;
+    const uint8_t* p = c.payload + rows * DK;
+    u.row_g[0] = *reinterpret_cast<const uint4*>(p);
+    u.row_g[1] = *reinterpret_cast<const uint4*>(p + kSlab);
+    u.row_g8[0] = *reinterpret_cast<const uint4*>(p + 8 * DK);
+    u.row_g8[1] = *reinterpret_cast<const uint4*>(p + 8 * DK + kSlab);
+  }
+  return u;
+}
 
 }  // namespace replayssm::cuda::decode_detail

@@ -49,8 +49,9 @@ struct Case {
   DecodeShape shape;
   bool slow_decay;
   int heads_per_block;  // replay/verify blocks: value heads per block (0: the launcher's choice)
-  // NVFP4 reads at dk = 128 on the tensor cores (else the CUDA cores): the launcher's automatic choice
-  // takes them only on large grids, which no case here has, so the cases pick one each.
+  // Reads that have a tensor-core path (NVFP4; GDN's FP8-b128; dk = 128, dv % 16 == 0) on the tensor cores
+  // (else the CUDA cores): the launcher's automatic choice takes them only on large grids, which no case
+  // here has, so the cases pick one each.
   bool tensor_core_read = false;
 };
 
@@ -138,8 +139,10 @@ struct PolicyBuffers {
     config.recur_rounding = policy.recur.rounding;
     config.seed = policy.seed;
     config.heads_per_block = c.heads_per_block;
-    config.nvfp4_read_path =
-        c.tensor_core_read ? cuda::ReplayConfig::ReadPath::tensor_cores : cuda::ReplayConfig::ReadPath::cuda_cores;
+    const StorageFormat read_format = split ? policy.read.format : policy.recur.format;
+    config.read_path = c.tensor_core_read && cuda::tensor_core_read_exists(c.kind, read_format, c.shape.dk, c.shape.dv)
+                           ? cuda::ReplayConfig::ReadPath::tensor_cores
+                           : cuda::ReplayConfig::ReadPath::cuda_cores;
     config.skip_threshold_read = policy.skip.threshold_for(split ? policy.read : policy.recur);
     config.skip_threshold_flush = policy.skip.threshold_for(policy.recur);
     if (split) {
@@ -1025,34 +1028,43 @@ TEST_CASE("the launchers refuse rings not sized for the verification they serve,
     CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), not_divisor, rec.view, nullptr), std::invalid_argument);
   }
   {
-    // A forced tensor-core NVFP4 read is refused where it does not exist (dv % 16 != 0, dk != 128; KDA at
-    // any shape) instead of running on the CUDA cores; the shapes Mamba-2 reads on the CUDA cores run
-    // with the automatic path and with cuda_cores. The refusal comes before any input is read.
+    // A forced tensor-core read (NVFP4, FP8-b128) is refused where it does not exist (dv % 16 != 0,
+    // dk != 128; KDA at any shape; FP8-b128 on Mamba-2) instead of running on the CUDA cores; the shapes
+    // Mamba-2 reads on the CUDA cores run with the automatic path and with cuda_cores. The refusal comes
+    // before any input is read.
+    using R = ssm::Recurrence;
     struct Forced {
+      StorageFormat format;
       DecodeShape shape;
-      std::vector<ssm::Recurrence> refused;
+      std::vector<R> refused;
       bool runs_otherwise;
     };
     const Forced forced[] = {
-        {{2, 1, 4, 128, 40}, {ssm::Recurrence::mamba2, ssm::Recurrence::gdn, ssm::Recurrence::kda}, true},
-        {{2, 1, 4, 64, 64}, {ssm::Recurrence::mamba2, ssm::Recurrence::gdn, ssm::Recurrence::kda}, true},
-        {{2, 1, 2, 128, 128}, {ssm::Recurrence::kda}, false},  // a shape the Mamba-2/GDN read serves
+        {StorageFormat::nvfp4, {2, 1, 4, 128, 40}, {R::mamba2, R::gdn, R::kda}, true},
+        {StorageFormat::nvfp4, {2, 1, 4, 64, 64}, {R::mamba2, R::gdn, R::kda}, true},
+        {StorageFormat::nvfp4, {2, 1, 2, 128, 128}, {R::kda}, false},  // a shape the Mamba-2/GDN read serves
+        {StorageFormat::fp8b128, {2, 1, 4, 128, 40}, {R::mamba2, R::gdn, R::kda}, true},
+        {StorageFormat::fp8b128, {2, 1, 2, 128, 128}, {R::mamba2, R::kda}, false},  // GDN's FP8 read serves it
     };
     for (const Forced& f : forced) {
-      StateBuffers recur(StorageFormat::fp32, f.shape), read(StorageFormat::nvfp4, f.shape);
+      for (R kind : {R::mamba2, R::gdn, R::kda}) {
+        const bool refused = std::find(f.refused.begin(), f.refused.end(), kind) != f.refused.end();
+        CHECK(cuda::tensor_core_read_exists(kind, f.format, f.shape.dk, f.shape.dv) == !refused);
+      }
+      StateBuffers recur(StorageFormat::fp32, f.shape), read(f.format, f.shape);
       cuda::ReplayConfig split;
       split.window = 16;
       split.recur = recur.view;
       split.read = read.view;
-      split.nvfp4_read_path = cuda::ReplayConfig::ReadPath::tensor_cores;
-      HostStep one = InputGen(test::kBaseSeed + 43100 + f.shape.dk + f.shape.dv, false).make(ssm::Recurrence::mamba2, f.shape, 1);
+      split.read_path = cuda::ReplayConfig::ReadPath::tensor_cores;
+      HostStep one = InputGen(test::kBaseSeed + 43100 + f.shape.dk + f.shape.dv + 7 * static_cast<int>(f.format), false).make(ssm::Recurrence::mamba2, f.shape, 1);
       DeviceStep in(one, f.shape.heads() * f.shape.dv);
       RecordBuffers rec(f.shape, 16, std::vector<cuda::WindowState>(f.shape.batch), f.shape.dk);  // wide enough for KDA decays
       for (ssm::Recurrence kind : f.refused)
         CHECK_THROWS_AS(cuda::replay_step(kind, f.shape, in.inputs(), split, rec.view, nullptr), std::invalid_argument);
       if (!f.runs_otherwise) continue;
       for (auto path : {cuda::ReplayConfig::ReadPath::automatic, cuda::ReplayConfig::ReadPath::cuda_cores}) {
-        split.nvfp4_read_path = path;
+        split.read_path = path;
         CHECK_NOTHROW(cuda::replay_step(ssm::Recurrence::mamba2, f.shape, in.inputs(), split, rec.view, nullptr));
         REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
       }
