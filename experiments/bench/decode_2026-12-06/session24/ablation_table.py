@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Calls 2 and 3's tables (README.md): the non-flush read rows of lib_land and of each ablated library at B = 256
+"""Calls 2, 3 and 5's tables (README.md): the non-flush read rows of lib_land and of each ablated library at B = 256
 (and 64 with --all-batches), the median of the rounds (one round of call 3 had a 1.4x outlier on lib_land), and what
 each ablation removes from the step's time.
 Usage: ablation_table.py DIR [--all-batches] (the call's results, ab_<lib>_<round>.csv[.xz])."""
@@ -14,7 +14,7 @@ import sys
 
 NAMES = {"lib_astream": "no stream", "lib_afold": "no fold", "lib_arecord": "no record phase",
          "lib_aall": "none of the three", "lib_nflush": "no flush launch", "lib_aall_nf": "none, no flush launch",
-         "lib_aall_nf_na": "none, no flush launch, no append"}
+         "lib_aall_nf_na": "none, no flush launch, no append", "lib_kda_astream": "no stream (KDA)"}
 
 
 def load(d, lib):
