@@ -17,8 +17,9 @@ NAMES = {"lib_astream": "no stream", "lib_afold": "no fold", "lib_arecord": "no 
          "lib_aall_nf_na": "none, no flush launch, no append", "lib_kda_astream": "no stream (KDA)"}
 
 
-def load(d, lib):
-    """Median per (model, kernel, batch) over ab_<lib>_<round>.csv[.xz] (exactly that library: not its prefixes)."""
+def load(d, lib, reduce=statistics.median):
+    """`reduce` (the median unless given) per (model, kernel, batch) over ab_<lib>_<round>.csv[.xz] (exactly that
+    library: not its prefixes)."""
     times = collections.defaultdict(list)
     for path in glob.glob(os.path.join(d, f"ab_{lib}_*.csv*")):
         if not re.fullmatch(rf"ab_{lib}_\d+\.csv(\.xz)?", os.path.basename(path)):
@@ -26,7 +27,7 @@ def load(d, lib):
         with (lzma.open if path.endswith(".xz") else open)(path, "rt") as f:
             for r in csv.DictReader(f):
                 times[(r["model"], r["kernel"], int(r["batch"]))].append(float(r["us_per_step"]))
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: reduce(v) for k, v in times.items()}
 
 
 def main():
