@@ -7,10 +7,11 @@ mean of 3 rounds, the Mamba-2 and GDN shapes at B = 64, 128, 256.
   rows at B = 256 (6 rows) is <= 0.97x.
 Usage: judge_r.py DIR (the call's results, ab_<lib>_<round>.csv[.xz])."""
 import math
+import statistics
 import sys
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from ablation_table import load  # noqa: E402  (exact library match; here the mean is asked for below)
+from ablation_table import load  # noqa: E402  (exact library match; the rule takes the mean of the rounds)
 
 GDN = ("qwen3.5-4b", "qwen3.5-122b-a10b")
 
@@ -21,7 +22,6 @@ def judged(k):
 
 
 def main():
-    import statistics
     d = sys.argv[1]
     land, r = load(d, "lib_land", statistics.mean), load(d, "lib_r", statistics.mean)
     keys = sorted(k for k in land if judged(k) and k in r)
