@@ -255,6 +255,36 @@ struct Workspace {
   }
 };
 
+// ReplayConfig::flush_list of the bench's standard steps (BenchOptions::flush_lists): from every sequence's
+// window position h_b at the start, the sequences that flush at each of the next L steps ((h_b + t) mod L =
+// L - 1 with h_b < L), on the device before anything is timed. at() leaves a configuration without a list
+// when the lists are off, and for GDN with a read skip threshold (the launcher refuses a list there).
+class FlushSchedule {
+ public:
+  FlushSchedule(ssm::Recurrence kind, int batch, int L, const std::function<int(int)>& h_of, bool enabled)
+      : kind_(kind), batch_(batch), L_(L), enabled_(enabled), lists_(static_cast<std::size_t>(batch) * L), counts_(L, 0) {
+    std::vector<int> lists(lists_.n, -1);
+    for (int t = 0; t < L; ++t)
+      for (int b = 0; b < batch; ++b)
+        if ((h_of(b) + t) % L == L - 1) lists[static_cast<std::size_t>(t) * batch + counts_[t]++] = b;
+    REPLAYSSM_CUDA_CHECK(cudaMemcpy(lists_.ptr, lists.data(), lists.size() * sizeof(int), cudaMemcpyHostToDevice));
+  }
+  // `config` for step t (0: the first step from the starting positions; counted modulo L).
+  ReplayConfig at(ReplayConfig config, int t) const {
+    if (!enabled_ || (kind_ == ssm::Recurrence::gdn && config.skip_threshold_read > 0.0f)) return config;
+    config.flush_list = lists_.ptr + static_cast<std::size_t>(t % L_) * batch_;
+    config.flush_count = counts_[t % L_];
+    return config;
+  }
+
+ private:
+  ssm::Recurrence kind_;
+  int batch_, L_;
+  bool enabled_;
+  Buffer<int> lists_;
+  std::vector<int> counts_;
+};
+
 // Bytes a step must move (each input read once, each output written once).
 struct ByteModel {
   const DecodeShape& s;
@@ -424,7 +454,7 @@ template <class Decoder>
 using DecoderGrid = std::vector<std::vector<std::unique_ptr<Decoder>>>;
 
 void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m, const std::vector<int>& windows,
-                   const std::vector<int>& drafts, int heads_per_block) {
+                   const std::vector<int>& drafts, int heads_per_block, bool flush_lists) {
   const DecodeShape& s = ws.s;
   const ssm::HeadGroupShape group{kind, s.dk, s.dv, s.value_heads / s.key_heads};
   KernelCheck check(ws, std::string(m.short_name));
@@ -467,8 +497,10 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
       cfg.recur = ws.fp32_state(0);
       if (read != StorageFormat::fp32) cfg.read = ws.lowp_state(read, 0);
       DeviceRecords rec = ws.records();
+      const FlushSchedule schedule(kind, s.batch, L, [](int) { return 0; }, flush_lists);
+      int t = 0;
       check.run("replay " + text, 1, L + 2, read == StorageFormat::fp32 ? 0.0 : 5e-3,
-                [&] { replay_step(kind, s, ws.inputs(), cfg, rec, nullptr); },
+                [&] { replay_step(kind, s, ws.inputs(), schedule.at(cfg, t++), rec, nullptr); },
                 [&](int b, int g, const HostInputs& in, float* ref) { cpu[b][g]->step(in.token(s, b, g, 0), ref); });
     }
   }
@@ -507,8 +539,10 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
       cfg.skip_threshold_flush = policy.skip.threshold_for(policy.recur);
       if (cfg.skips()) check.after_fill = [&] { ws.set_head_decays(1, 0.3f, 2); };
       DeviceRecords rec = ws.records();
+      const FlushSchedule schedule(kind, s.batch, L, [](int) { return 0; }, flush_lists);
+      int t = 0;
       check.run("replay " + text, 1, L + 2, split ? 5e-3 : 0.0,
-                [&] { replay_step(kind, s, ws.inputs(), cfg, rec, nullptr); },
+                [&] { replay_step(kind, s, ws.inputs(), schedule.at(cfg, t++), rec, nullptr); },
                 [&](int b, int g, const HostInputs& in, float* ref) { cpu[b][g]->step(in.token(s, b, g, 0), ref); });
       check.after_fill = nullptr;
     }
@@ -933,6 +967,8 @@ int run_decode_bench(const BenchOptions& o) {
   std::printf("# replayssm bench on %s (%d SMs, L2 %d MB): device-to-device copy %.0f GB/s (read+write)\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbps);
   if (o.heads_per_block > 0) std::printf("# standard replay step: %d value heads per block (--heads-per-block)\n", o.heads_per_block);
+  std::printf("# standard replay steps %s\n", o.flush_lists ? "with ReplayConfig::flush_list (the flushing sequences of each step)"
+                                                          : "without a flush list (--no-flush-list: flush blocks on every sequence)");
   if (o.schemes) {  // figure 7 alone
     write_csv(o.csv_out, scheme_table(o, arena, copy_gbps), copy_gbps, o.force);
     return 0;
@@ -957,7 +993,7 @@ int run_decode_bench(const BenchOptions& o) {
       arena.reset();  // the previous configuration's buffers are gone: start again at the base
       const DecodeShape s{B, m.key_heads, m.value_heads, m.dk, m.dv};
       Workspace ws(kind, s, max_window, max_drafts);
-      if (o.check) check_kernels(kind, ws, m, o.windows, o.drafts, o.heads_per_block);
+      if (o.check) check_kernels(kind, ws, m, o.windows, o.drafts, o.heads_per_block, o.flush_lists);
       const ByteModel bm{s, kind};
       int copy = 0;
       auto next_copy = [&] { copy = (copy + 1) % ws.copies; return copy; };
@@ -988,19 +1024,24 @@ int run_decode_bench(const BenchOptions& o) {
         cfg.window = L;
         cfg.heads_per_block = o.heads_per_block;
         // Whole windows, sequences staggered (h_b = b mod L): every step has B/L flushing sequences.
+        const FlushSchedule staggered_lists(kind, B, L, [&](int b) { return b % L; }, o.flush_lists);
         auto run_window = [&](const ReplayConfig& c) {
           DeviceRecords rec = ws.records();
-          for (int t = 0; t < L; ++t) replay_step(kind, s, ws.inputs(), c, rec, nullptr);
+          for (int t = 0; t < L; ++t) replay_step(kind, s, ws.inputs(), staggered_lists.at(c, t), rec, nullptr);
         };
         cfg.recur = ws.fp32_state(0);
         const double staggered = time_us(std::max(3, o.repeats / 3), [&] { cfg.recur = ws.fp32_state(next_copy()); run_window(cfg); },
                                          [&] { ws.set_windows([&](int b) { return b % L; }); }) / L;
         add(m, "replay fp32 (staggered windows)", B, L, staggered, bm.window(L, bm.state()) / L, conv_us);
         // Aligned: one non-flush step (h0 = L/2) and one flush step, timed separately.
+        // Aligned windows: every sequence at h0, so a step's flush list is every sequence (h0 = L - 1) or none.
+        const FlushSchedule none_flush(kind, B, L, [&](int) { return 0; }, o.flush_lists),
+            all_flush(kind, B, L, [&](int) { return L - 1; }, o.flush_lists);
+        auto aligned = [&](const ReplayConfig& c, int h0) { return (h0 + 1 >= L ? all_flush : none_flush).at(c, 0); };
         auto one_step = [&](const ReplayConfig& c, int h0) {
           return time_us(o.repeats, [&] {
             DeviceRecords rec = ws.records();
-            replay_step(kind, s, ws.inputs(), c, rec, nullptr);
+            replay_step(kind, s, ws.inputs(), aligned(c, h0), rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return h0; }); });
         };
         const double nf32 = one_step(cfg, L / 2);
@@ -1017,7 +1058,7 @@ int run_decode_bench(const BenchOptions& o) {
             split.recur = ws.fp32_state(c);
             split.read = ws.lowp_state(f, c);
             DeviceRecords rec = ws.records();
-            replay_step(kind, s, ws.inputs(), split, rec, nullptr);
+            replay_step(kind, s, ws.inputs(), aligned(split, L / 2), rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return L / 2; }); });
           add(m, fmt::format("non-flush read {} (x over fp32 read)", formats::to_string(f)), B, L, us,
               bm.nonflush(L / 2, bm.lowp_state(f)), nf32);
@@ -1037,7 +1078,7 @@ int run_decode_bench(const BenchOptions& o) {
             skip.recur = ws.fp32_state(c);
             skip.read = ws.lowp_state(StorageFormat::nvfp4, c);
             DeviceRecords rec = ws.records();
-            replay_step(kind, s, ws.inputs(), skip, rec, nullptr);
+            replay_step(kind, s, ws.inputs(), aligned(skip, L / 2), rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return L / 2; }); });
           add(m, fmt::format("nvfp4 read skip=auto, {}% skip (x no skip)", 25 * quarters), B, L, us,
               bm.nonflush(L / 2, bm.lowp_state(StorageFormat::nvfp4) * (1.0 - quarters / 4.0)), nvfp4_us);
@@ -1049,7 +1090,7 @@ int run_decode_bench(const BenchOptions& o) {
             return time_us(o.repeats, [&] {
               skip.recur = ws.fp32_state(next_copy());
               DeviceRecords rec = ws.records();
-              replay_step(kind, s, ws.inputs(), skip, rec, nullptr);
+              replay_step(kind, s, ws.inputs(), aligned(skip, h0), rec, nullptr);
             }, [&] { ws.set_windows([&](int) { return h0; }); });
           };
           ws.set_head_decays(4, 1e-9f);
@@ -1068,7 +1109,7 @@ int run_decode_bench(const BenchOptions& o) {
             split.read = ws.lowp_state(StorageFormat::nvfp4, c);
             split.read.residual = ef ? ws.residual->ptr : nullptr;
             DeviceRecords rec = ws.records();
-            replay_step(kind, s, ws.inputs(), split, rec, nullptr);
+            replay_step(kind, s, ws.inputs(), aligned(split, L - 1), rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return L - 1; }); });
           if (!ef) split_flush_us = us;
           add(m, ef ? "flush split nvfp4+ef/fp32 (x no ef)" : "flush split nvfp4/fp32 (x shared flush)", B, L, us,

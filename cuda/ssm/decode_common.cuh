@@ -189,10 +189,11 @@ struct BlockGeometry {
   int b, g, head0, vh0;  // sequence, key head, first value head, its index within the key head
 };
 
-__device__ __forceinline__ BlockGeometry block_geometry(const DecodeShape& s, int NH) {
+// The block at blockIdx.x of sequence b (blockIdx.y, unless a flush list maps the grid's rows).
+__device__ __forceinline__ BlockGeometry block_geometry(const DecodeShape& s, int NH, int b = blockIdx.y) {
   BlockGeometry q;
   q.H = s.value_heads, q.G = s.key_heads, q.hpg = s.value_heads / s.key_heads, q.dk = s.dk, q.dv = s.dv, q.NH = NH;
-  q.b = blockIdx.y;
+  q.b = b;
   q.head0 = blockIdx.x * NH;
   q.g = q.head0 / q.hpg;
   q.vh0 = q.head0 % q.hpg;

@@ -18,10 +18,11 @@ struct KdaBlock {
   int H, G, head, g, vh, b, dv;  // vh: the value head's index within its key head g
   std::size_t hb;                 // b * H + head
 };
-__device__ __forceinline__ KdaBlock kda_block(const DecodeShape& s) {
+// The block at blockIdx.x of sequence b (blockIdx.y, unless a flush list maps the grid's rows).
+__device__ __forceinline__ KdaBlock kda_block(const DecodeShape& s, int b = blockIdx.y) {
   KdaBlock q;
   q.H = s.value_heads, q.G = s.key_heads, q.dv = s.dv;
-  q.head = blockIdx.x, q.b = blockIdx.y;
+  q.head = blockIdx.x, q.b = b;
   q.g = q.head / (q.H / q.G), q.vh = q.head % (q.H / q.G);
   q.hb = static_cast<std::size_t>(q.b) * q.H + q.head;
   return q;

@@ -1,11 +1,12 @@
 // ReplaySSM standard decode for KDA (Algorithm 4 with channel-wise decays; Algorithm 3 with a separate
 // low-precision read checkpoint): the non-flush kernel (output-only form from the read checkpoint,
 // decode_kda_replay_nonflush.cu) and the flush kernel (REPLAY from the recur checkpoint, writing it and,
-// split, the LP copy, decode_kda_replay_flush.cu), launched
-// over the same grid of (value head, sequence) blocks, the flush kernel first and the non-flush kernel
-// as its programmatic dependent, as decode_replay.cu does for Mamba-2 and GDN. Window bookkeeping
-// (WindowState, ring slots, the flush test h + 1 >= L) is the same as theirs, so commit_step and verify_step share the ring. Both kernels also implement error
-// feedback on the copies they write (+ef) and appendix F's decay-based checkpoint-read skipping.
+// split, the LP copy, decode_kda_replay_flush.cu), launched over (value head, sequence) blocks (the flush
+// kernel's rows: every sequence, or ReplayConfig::flush_list's), the flush kernel first and the non-flush
+// kernel as its programmatic dependent, as decode_replay.cu does for Mamba-2 and GDN. Window bookkeeping
+// (WindowState, ring slots, the flush test h + 1 >= L) is the same as theirs, so commit_step and
+// verify_step share the ring. Both kernels also implement error feedback on the copies they write (+ef)
+// and appendix F's decay-based checkpoint-read skipping.
 #include "ssm/decode_kda.cuh"
 
 namespace replayssm::cuda {
@@ -45,12 +46,15 @@ void kda_detail::replay_step(const DecodeShape& shape, const StepInputs& in, con
   // recur checkpoint it just wrote, which holds S itself only when the recur copy is fp32.
   if (config.split() && read == StorageFormat::nvfp4 && config.recur.format != StorageFormat::fp32)
     throw std::invalid_argument("kda replay decode: an NVFP4 read checkpoint needs an fp32 recurrence checkpoint");
-  const ReplayArgs A = make_replay_args(shape, in, config, records, 1, stage);
-  const dim3 grid(shape.value_heads, shape.batch);
+  check_flush_list(config, shape);
+  ReplayArgs A = make_replay_args(shape, in, config, records, 1, stage);
+  // With a flush list the flush grid's rows are the listed sequences only (ReplayConfig::flush_list).
+  const dim3 grid(shape.value_heads, shape.batch), flush_grid(shape.value_heads, config.flush_list ? config.flush_count : shape.batch);
+  A.nonflush_blocks = A.flush_blocks = shape.value_heads;
   // The flush kernel first, as a plain launch; the non-flush kernel follows as its programmatic
   // dependent, so its blocks start while the flush kernel's last ones still run (the two touch
   // disjoint sequences; decode_replay.cu says why this order).
-  launch_kda_flush(config.recur.format, A, grid, stream);
+  if (flush_kernel_launched(A)) launch_kda_flush(config.recur.format, A, flush_grid, stream);
   launch_kda_nonflush(read, A, grid, stream);
   REPLAYSSM_CUDA_CHECK_LAUNCH();
   advance_host_parity(records);

@@ -40,30 +40,9 @@ std::size_t flush_shared_floats(int S, int DK, int dv) {
 // Error feedback (ssm::ReplayDecoderBase::write_checkpoints, quantize_state with a residual): each
 // copy that has a residual stores Q_rtn(S + E) and keeps E <- (S + E) - Q_rtn(S + E).
 template <StorageFormat F, int DK, int RB, int AHEAD>
-__device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
+__device__ __forceinline__ void kda_flush_body(const ReplayArgs& A, int b, const WindowState& win) {
   extern __shared__ float smem[];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The non-flush kernel touches only non-flushing sequences (and reads the current window-state
-  // copy, which this kernel does not write): let it launch as soon as every block here has started.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-  const KdaBlock kb = kda_block(A.shape);
-  const WindowState win = current_window(A.rec, kb.b);
-  const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
-  // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory.
-  if (flush && win.h + 1 > A.stage) __trap();
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    WindowState next = win;
-    if (flush) {  // the h + 1 records are folded: position h + 1 becomes position 0
-      next.h = 0;
-      next.start = (win.start + win.h + 1) % A.rec.capacity;
-      next.flushes = win.flushes + 1;
-    } else {
-      next.h = win.h + 1;
-    }
-    write_next_window(A.rec, kb.b, next);
-  }
-  if (!flush) return;
+  const KdaBlock kb = kda_block(A.shape, b);
   // The current record is not appended to the ring: the flush drops all h0 + 1 records.
   const int h0 = win.h, S = A.stage, dv = kb.dv;
   const bool split = A.split;
@@ -331,8 +310,23 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A) {
 // registers are sized for at dk = 128 (elsewhere no bound).
 template <StorageFormat F, int DK, int RB, int AHEAD, int kMinBlocks128>
 __global__ void __launch_bounds__(kThreads, DK == 128 ? kMinBlocks128 : 0) kda_flush_kernel(ReplayArgs A) {
-  kda_flush_body<F, DK, RB, AHEAD>(A);
-  step_block_done(A.rec, blockIdx.y, 2 * gridDim.x);  // every block, every path: the device-side parity (decode_kernels.h)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The non-flush kernel touches only non-flushing sequences (and reads the current window-state
+  // copy, which this kernel does not write): let it launch as soon as every block here has started.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const int b = flush_block_sequence(A);
+  const WindowState win = current_window(A.rec, b);
+  const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
+  // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory. A listed
+  // sequence must flush (ReplayConfig::flush_list).
+  if ((flush && win.h + 1 > A.stage) || (A.flush_list && !flush)) __trap();
+  if (flush) {
+    // The non-flush kernel writes the next window state of the sequences that do not flush.
+    if (blockIdx.x == 0 && threadIdx.x == 0) write_next_window(A.rec, b, next_window(win, true, A.rec.capacity));
+    kda_flush_body<F, DK, RB, AHEAD>(A, b, win);
+  }
+  step_block_done(A.rec, b, step_blocks_of(A, flush));  // every block, every path: the device-side parity (decode_kernels.h)
 }
 
 }  // namespace
@@ -343,6 +337,7 @@ __global__ void __launch_bounds__(kThreads, DK == 128 ? kMinBlocks128 : 0) kda_f
 constexpr int kFlushRowsPerGroup = 2, kFlushIterationsAhead = 2, kFlushMinBlocks128 = 4;
 
 void decode_detail::launch_kda_flush(StorageFormat recur, const ReplayArgs& A, dim3 grid, cudaStream_t stream) {
+  check_step_blocks(A, grid, true);
   const std::size_t smem = sizeof(float) * flush_shared_floats(A.stage, A.shape.dk, A.shape.dv);
   with_dk(A.shape.dk, [&](auto DK) {
     auto flush = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, false, stream); };

@@ -119,8 +119,7 @@ template <StorageFormat R, int DK>
 __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   extern __shared__ float smem[];
   const KdaBlock kb = kda_block(A.shape);
-  const WindowState win = current_window(A.rec, kb.b);
-  if (win.h + 1 >= A.window) return;  // the flush kernel's sequence
+  const WindowState win = current_window(A.rec, kb.b);  // read again by the kernel's caller (one L1 hit)
   const int L = A.window, h0 = win.h, dv = kb.dv;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const bool skip_on = A.skip_read > 0.0f;
@@ -256,18 +255,26 @@ __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   }
 }
 
+// 4 blocks per SM at dk = 128 (64 registers): main's kernels reached it unasked; with the window-state
+// duties of the flush list (decode_replay.cuh) ptxas chose 75-80 registers, 3 blocks per SM.
+constexpr int kNonflushMinBlocks128 = 4;
 template <StorageFormat R, int DK>
-__global__ void __launch_bounds__(kThreads) kda_nonflush_kernel(ReplayArgs A) {
-  kda_nonflush_body<R, DK>(A);
-  step_block_done(A.rec, blockIdx.y, 2 * gridDim.x);  // every block, every path: the device-side parity (decode_kernels.h)
+__global__ void __launch_bounds__(kThreads, DK == 128 ? kNonflushMinBlocks128 : 0) kda_nonflush_kernel(ReplayArgs A) {
+  const int b = blockIdx.y;
+  const WindowState win = current_window(A.rec, b);
+  const bool flush = win.h + 1 >= A.window;  // the flush kernel's sequence
+  nonflush_window_duties(A, b, win, flush);
+  if (!flush) kda_nonflush_body<R, DK>(A);
+  step_block_done(A.rec, b, step_blocks_of(A, flush));  // every block, every path: the device-side parity (decode_kernels.h)
 }
 
 }  // namespace
 
 void decode_detail::launch_kda_nonflush(StorageFormat read, const ReplayArgs& A, dim3 grid, cudaStream_t stream) {
+  check_step_blocks(A, grid, false);
   const std::size_t smem = sizeof(float) * kda_nonflush_layout(A.window, A.shape.dk, A.shape.dv, A.skip_read > 0.0f).total;
   with_dk(A.shape.dk, [&](auto DK) {
-    auto nonflush = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, true, stream); };
+    auto nonflush = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, flush_kernel_launched(A), stream); };
     switch (read) {
       case StorageFormat::fp32: nonflush(kda_nonflush_kernel<StorageFormat::fp32, DK()>); break;
       case StorageFormat::fp16: nonflush(kda_nonflush_kernel<StorageFormat::fp16, DK()>); break;

@@ -148,6 +148,20 @@ struct ReplayConfig {
   // automatic: the tensor cores on grids of at least 4 blocks per SM, where they were measured faster.
   enum class ReadPath { automatic, cuda_cores, tensor_cores };
   ReadPath read_path = ReadPath::automatic;
+  // The sequences that flush at this step (h + 1 >= L), when the caller knows them: a device array of
+  // flush_count sequence indices in strictly increasing order. The flush kernel then puts blocks on these
+  // sequences only, instead of on every (sequence, head group) with most of them returning at once: with
+  // staggered windows B / L sequences flush per step, and the launch waves of the other blocks were 3-9% of
+  // a low-precision read's step (H100, B = 256; experiments/bench/decode_2026-12-06/session24/). A serving
+  // loop or a sweep that steps every sequence with standard steps knows the list: b flushes when its
+  // h + 1 >= L, h advancing by one per step and returning to 0 after a flush. nullptr (flush_count 0):
+  // the flush kernel covers every sequence. The list must be exact: a listed sequence that does not
+  // flush, an index out of range or out of order, or a flushing sequence that is missing stops the
+  // kernels (__trap: the step's next CUDA call reports cudaErrorLaunchFailure or an illegal instruction)
+  // rather than skip or repeat a flush. GDN with skip_threshold_read > 0 refuses a list (its flush kernel
+  // also serves the skipped reads of sequences that do not flush).
+  const int* flush_list = nullptr;
+  int flush_count = 0;
 };
 
 // Whether replay_step has a tensor-core read (ReplayConfig::read_path) for a read copy in `read` format.

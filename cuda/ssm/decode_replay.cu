@@ -88,12 +88,13 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // step of Nemotron-3-Super at B = 256 took 294 / 305 / 329 us with 8192 / 16384 / 32768 flush
   // blocks). So: the fewest heads per block whose flush grid stays within kMaxFlushBlocksPerSm blocks
   // per SM, else the non-flush kernel's NH (experiments/bench/decode_2026-12-04/call4_flush_grid/).
+  // With a flush list the grid has only the flushing sequences' rows, and none of its blocks returns at once.
   constexpr long kMaxFlushBlocksPerSm = 12;
+  const long flush_rows = config.flush_list ? config.flush_count : shape.batch;
   int NH_flush = NH;
   if (config.heads_per_block == 0)
     for (int nh = 1; nh < NH; ++nh)
-      if (shape.heads_per_group() % nh == 0 &&
-          static_cast<long>(shape.batch) * (shape.value_heads / nh) <= kMaxFlushBlocksPerSm * sm_count()) {
+      if (shape.heads_per_group() % nh == 0 && flush_rows * (shape.value_heads / nh) <= kMaxFlushBlocksPerSm * sm_count()) {
         NH_flush = nh;
         break;
       }
@@ -107,9 +108,16 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // session22/). Only while the grid keeps kLargeGridBlocksPerSm blocks per SM and 3 blocks fit one SM's
   // shared memory.
   const int NH_read = config.heads_per_block > 0 ? NH : nonflush_heads_per_block(shape, config.window, NH, read_format);
+  check_flush_list(config, shape);
+  if (config.flush_list && kind == ssm::Recurrence::gdn && config.skip_threshold_read > 0.0f)
+    throw std::invalid_argument("replay decode: GDN with skip_threshold_read > 0 takes no ReplayConfig::flush_list (its "
+                                "flush kernel also serves the skipped reads of the sequences that do not flush)");
   ReplayArgs A = make_replay_args(shape, in, config, records, NH_read, stage);
-  const dim3 grid(shape.value_heads / NH_read, shape.batch), flush_grid(shape.value_heads / NH_flush, shape.batch);
-  A.step_blocks = grid.x + flush_grid.x;
+  // With a flush list the flush grid's rows are the listed sequences only (ReplayConfig::flush_list).
+  const dim3 grid(shape.value_heads / NH_read, shape.batch),
+      flush_grid(shape.value_heads / NH_flush, config.flush_list ? config.flush_count : shape.batch);
+  A.nonflush_blocks = grid.x;
+  A.flush_blocks = flush_grid.x;
   ReplayArgs A_flush = A;
   A_flush.heads_per_block = NH_flush;
   // The flush kernel first, the non-flush kernel as its programmatic dependent: they work on disjoint
@@ -118,7 +126,7 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // non-flush grid was resident, and ran almost alone: Nsight Compute on Nemotron-3-Super, B = 256,
   // L = 16 gave 258 us + 71 us for the two kernels where the staggered step took 327.5 us. (What
   // follows in the stream still waits for both.)
-  launch_replay_flush(kind, config.recur.format, A_flush, flush_grid, stream);
+  if (flush_kernel_launched(A)) launch_replay_flush(kind, config.recur.format, A_flush, flush_grid, stream);
   launch_replay_nonflush(kind, read_format, A, grid, stream);
   REPLAYSSM_CUDA_CHECK_LAUNCH();
   advance_host_parity(records);

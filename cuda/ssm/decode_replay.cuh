@@ -24,7 +24,11 @@ struct ReplayArgs {
   DeviceRecords rec;
   int heads_per_block;  // NH of the kernel launched with these arguments (the two kernels may differ)
   int stage;            // positions a flush may stage: L, or max(L, T) + 1 when the ring serves verification
-  unsigned step_blocks = 0;  // blocks of one sequence in both kernels together (step_block_done)
+  // Blocks per sequence of each kernel (their grid.x); step_blocks_of says how many of them a sequence has.
+  unsigned nonflush_blocks = 0, flush_blocks = 0;
+  // ReplayConfig::flush_list: the flush grid's rows are these sequences (nullptr: row b is sequence b).
+  const int* flush_list = nullptr;
+  int flush_count = 0;
   ReplayConfig::ReadPath read_path = ReplayConfig::ReadPath::automatic;
   // Error feedback (+ef): the recur copy's writes add recur.residual (fp16 recur copy); the read
   // copy's do when read.residual is set. recur_mode is then nearest_even.
@@ -56,7 +60,79 @@ inline ReplayArgs make_replay_args(const DecodeShape& shape, const StepInputs& i
   A.skip_read = config.skip_threshold_read;
   A.skip_flush = config.skip_threshold_flush;
   A.read_path = config.read_path;
+  A.flush_list = config.flush_list;
+  A.flush_count = config.flush_list ? config.flush_count : 0;
   return A;
+}
+
+// Host-side checks of ReplayConfig::flush_list (the device checks its entries against the window states).
+inline void check_flush_list(const ReplayConfig& config, const DecodeShape& shape) {
+  if (config.flush_list == nullptr && config.flush_count != 0)
+    throw_invalid_argument("ReplayConfig::flush_count without a flush_list (nullptr: every sequence gets flush blocks)",
+                           "flush_count", config.flush_count);
+  if (config.flush_list != nullptr && (config.flush_count < 0 || config.flush_count > shape.batch))
+    throw_invalid_argument("ReplayConfig::flush_count must be in [0, B]", "flush_count", config.flush_count, "B",
+                           shape.batch);
+}
+
+// Whether the step launches its flush kernel: not for an empty flush list. The non-flush kernel is then a
+// plain launch instead of the flush kernel's programmatic dependent.
+inline bool flush_kernel_launched(const ReplayArgs& A) { return A.flush_list == nullptr || A.flush_count > 0; }
+
+// The grids step_block_done's counts assume (replay_step sets them; step_blocks_of): a grid that disagreed
+// would flip a sequence's window parity before all its blocks had read the window, or never.
+inline void check_step_blocks(const ReplayArgs& A, dim3 grid, bool flush_kernel) {
+  const unsigned columns = flush_kernel ? A.flush_blocks : A.nonflush_blocks;
+  const unsigned rows = flush_kernel && A.flush_list ? static_cast<unsigned>(A.flush_count) : static_cast<unsigned>(A.shape.batch);
+  if (A.nonflush_blocks == 0 || A.flush_blocks == 0 || grid.x != columns || grid.y != rows)
+    throw std::logic_error("replay step: a " + std::string(flush_kernel ? "flush" : "non-flush") + " grid of " +
+                           std::to_string(grid.x) + " x " + std::to_string(grid.y) + " blocks against ReplayArgs' " +
+                           std::to_string(columns) + " x " + std::to_string(rows) + " (nonflush_blocks " +
+                           std::to_string(A.nonflush_blocks) + ", flush_blocks " + std::to_string(A.flush_blocks) + ")");
+}
+
+// The window state after this step: a flush folds the h + 1 records (position h + 1 becomes position 0).
+__device__ __forceinline__ WindowState next_window(const WindowState& win, bool flush, int capacity) {
+  WindowState next = win;
+  if (flush) {
+    next.h = 0;
+    next.start = (win.start + win.h + 1) % capacity;
+    next.flushes = win.flushes + 1;
+  } else {
+    next.h = win.h + 1;
+  }
+  return next;
+}
+
+// Blocks of this step that serve sequence b, whose flush decision is `flush` (step_block_done counts them):
+// every non-flush block, and the flush kernel's blocks unless a flush list leaves b out of its grid.
+__device__ __forceinline__ unsigned step_blocks_of(const ReplayArgs& A, bool flush) {
+  return A.nonflush_blocks + (A.flush_list == nullptr || flush ? A.flush_blocks : 0u);
+}
+
+// The sequence a flush block serves: row blockIdx.y of the grid, or with a flush list that row's entry,
+// which must be a sequence index above the row before's (strictly increasing, so no sequence twice).
+__device__ __forceinline__ int flush_block_sequence(const ReplayArgs& A) {
+  const int row = static_cast<int>(blockIdx.y);
+  if (A.flush_list == nullptr) return row;
+  const int b = A.flush_list[row];
+  if (b < 0 || b >= A.shape.batch || (row > 0 && A.flush_list[row - 1] >= b)) __trap();
+  return b;
+}
+
+// Non-flush kernels, once per step and sequence: the block at blockIdx.x == 0 of a sequence that does not
+// flush writes its next window state (a flushing sequence's flush block writes its own). With a flush list
+// every block of a flushing sequence checks that the list has it (block-wide; returns only if so): the
+// flush kernel has no block for a sequence it lacks, so its flush would be silently lost.
+__device__ __forceinline__ void nonflush_window_duties(const ReplayArgs& A, int b, const WindowState& win, bool flush) {
+  if (!flush) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) write_next_window(A.rec, b, next_window(win, false, A.rec.capacity));
+    return;
+  }
+  if (A.flush_list == nullptr) return;
+  int listed = 0;
+  for (int i = threadIdx.x; i < A.flush_count; i += blockDim.x) listed |= A.flush_list[i] == b;
+  if (!__syncthreads_or(listed)) __trap();
 }
 
 // Dynamic shared memory of a replay block. Non-flush blocks stage the NH heads' record vectors;

@@ -581,22 +581,14 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
   // copy, which this kernel does not write): let it launch as soon as every block here has started.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-  const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
+  const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block, flush_block_sequence(A));
   const WindowState win = current_window(A.rec, bg.b);
   const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
-  // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory.
-  if (flush && win.h + 1 > A.stage) __trap();
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    WindowState next = win;
-    if (flush) {  // the h + 1 records are folded: position h + 1 becomes position 0
-      next.h = 0;
-      next.start = (win.start + win.h + 1) % A.rec.capacity;
-      next.flushes = win.flushes + 1;
-    } else {
-      next.h = win.h + 1;
-    }
-    write_next_window(A.rec, bg.b, next);
-  }
+  // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory. A listed
+  // sequence must flush (ReplayConfig::flush_list).
+  if ((flush && win.h + 1 > A.stage) || (A.flush_list && !flush)) __trap();
+  // The non-flush kernel writes the next window state of the sequences that do not flush.
+  if (flush && blockIdx.x == 0 && threadIdx.x == 0) write_next_window(A.rec, bg.b, next_window(win, true, A.rec.capacity));
   // GDN heads that skip their non-flush read (appendix F) recompute every u from zero: a fold, so
   // this kernel serves them (the non-flush kernel appends the record and serves the other heads).
   const bool gdn_skipped_reads = kExtras && K == ssm::Recurrence::gdn && !flush && A.skip_read > 0.0f;
@@ -605,19 +597,14 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
     if (flush) append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
     replay_flush_block<K, RecurF, DK, kExtras, kStreamed>(A, bg, win, sh, flush);
   }
-  step_block_done(A.rec, bg.b, A.step_blocks);  // this kernel's and the non-flush kernel's blocks
+  step_block_done(A.rec, bg.b, step_blocks_of(A, flush));  // this kernel's and the non-flush kernel's blocks
 }
 
 }  // namespace
 
 void decode_detail::launch_replay_flush(ssm::Recurrence kind, StorageFormat recur, const ReplayArgs& A, dim3 grid,
                                         cudaStream_t stream) {
-  // step_block_done flips a sequence's window parity after step_blocks blocks: both kernels' blocks
-  // (replay_step sets it). Fewer would flip it before every block had read the window; 0 never flips it.
-  if (A.step_blocks <= grid.x)
-    throw std::logic_error("replay step: ReplayArgs::step_blocks = " + std::to_string(A.step_blocks) +
-                           " must count the blocks per sequence of both kernels (more than this grid's " +
-                           std::to_string(grid.x) + ")");
+  check_step_blocks(A, grid, true);
   const std::size_t smem = sizeof(float) * replay_shared_floats(A.stage, A.shape.dk, A.shape.dv, A.heads_per_block, true);
   with_kind(kind, [&](auto K) {
     with_dk(A.shape.dk, [&](auto DK) {

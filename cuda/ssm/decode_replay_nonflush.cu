@@ -452,37 +452,35 @@ __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK, kMma>(
   extern __shared__ float smem[];
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const WindowState win = current_window(A.rec, bg.b);
-  if (win.h + 1 < A.window) {  // else the flush kernel's sequence
+  const bool flush = win.h + 1 >= A.window;  // the flush kernel's sequence
+  nonflush_window_duties(A, bg.b, win, flush);
+  if (!flush) {
     const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false);
     append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
     replay_nonflush_block<K, R, DK, kSkip, kMma>(A, bg, win, sh);
   }
-  step_block_done(A.rec, bg.b, A.step_blocks);  // this kernel's and the flush kernel's blocks
+  step_block_done(A.rec, bg.b, step_blocks_of(A, flush));  // this kernel's and the flush kernel's blocks
 }
 
 }  // namespace
 
 void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat read, const ReplayArgs& A, dim3 grid,
                                            cudaStream_t stream) {
-  // step_block_done flips a sequence's window parity after step_blocks blocks: both kernels' blocks
-  // (replay_step sets it). Fewer would flip it before every block had read the window; 0 never flips it.
-  if (A.step_blocks <= grid.x)
-    throw std::logic_error("replay step: ReplayArgs::step_blocks = " + std::to_string(A.step_blocks) +
-                           " must count the blocks per sequence of both kernels (more than this grid's " +
-                           std::to_string(grid.x) + ")");
+  check_step_blocks(A, grid, false);
   const std::size_t smem = sizeof(float) * replay_shared_floats(A.window, A.shape.dk, A.shape.dv, A.heads_per_block, false);
   with_kind(kind, [&](auto K) {
     with_dk(A.shape.dk, [&](auto DK) {
       // The skipping instantiation only when skipping is on (kSkip: see replay_nonflush_kernel).
       using SF = StorageFormat;
       auto launch = [&](auto R) {
-        // A programmatic dependent launch of the flush kernel (decode_replay.cu says why). The tensor-core
+        // A programmatic dependent launch of the flush kernel (decode_replay.cu says why), where there is one.
+        // The tensor-core
         // read where it applies (16-row tiles must not straddle heads: dv % 16 == 0) on large grids.
         auto with_skip = [&](auto kMma) {
           const std::size_t bytes =
               smem + (kMma() && R() == SF::fp8b128 ? sizeof(float) * fp8_row_scale_floats(A.shape.dv, A.heads_per_block) : 0);
-          if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true, kMma()>, A, grid, bytes, true, stream);
-          else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false, kMma()>, A, grid, bytes, true, stream);
+          if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true, kMma()>, A, grid, bytes, flush_kernel_launched(A), stream);
+          else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false, kMma()>, A, grid, bytes, flush_kernel_launched(A), stream);
         };
         if constexpr (mma_read_applies<K(), R(), DK()>()) {
           using Path = ReplayConfig::ReadPath;

@@ -31,6 +31,9 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--force", o->force, "replace --csv if it exists (never done without it)");
   cmd->add_flag("--no-check{false}", o->check,
                 "skip the validation of each kernel against the CPU decoders that runs before it is timed");
+  cmd->add_flag("--no-flush-list{false}", o->flush_lists,
+                "run the standard replay step without ReplayConfig::flush_list (the flush kernel then puts blocks on\n"
+                "every sequence), for comparison with the default");
   cmd->add_option("--heads-per-block", o->heads_per_block,
                   "value heads per block of the standard replay step (0: the launcher's choice; must divide the\n"
                   "heads per key head, heads x dv <= 1024)")

@@ -47,6 +47,25 @@ struct DeviceArray {
   }
 };
 
+// ReplayConfig::flush_list for one standard step, from the caller's own count h[b] of each sequence's
+// committed records (the CPU decoders' or a host-side model's, never the GPU's window states): the
+// sequences with h + 1 >= L, in increasing order. listed() returns `config` with the list set.
+struct FlushList {
+  DeviceArray<int> list;
+  int count = 0;
+  explicit FlushList(int batch) : list(static_cast<std::size_t>(batch)) {}
+  cuda::ReplayConfig listed(cuda::ReplayConfig config, const std::vector<int>& h) {
+    std::vector<int> flushing(list.n, -1);
+    count = 0;
+    for (std::size_t b = 0; b < h.size(); ++b)
+      if (h[b] + 1 >= config.window) flushing[static_cast<std::size_t>(count++)] = static_cast<int>(b);
+    list.upload(flushing);
+    config.flush_list = list.ptr;
+    config.flush_count = count;
+    return config;
+  }
+};
+
 // Every GPU value of a case and its CPU reference, compared at the end with the comparison rule of
 // test_util.h relative to the case's RMS value: |gpu - cpu| <= tol (rms|cpu| + |cpu|), because a
 // plain per-element relative error blows up on outputs that nearly cancel. A NaN (an unwritten,

@@ -12,8 +12,11 @@
 #include <boost/random/uniform_real_distribution.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <cuda_bf16.h>
+#include <string>
+#include <sys/wait.h>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -168,13 +171,15 @@ void cpu_step_compare(const DecodeShape& s, const HostStep& h, const std::vector
 }
 
 // One standard decode step of every sequence: replay_step on the GPU and step() on each CPU decoder,
-// the GPU outputs and the CPU's collected into `meter`.
+// the GPU outputs and the CPU's collected into `meter`. With `committed` (each sequence's h as the
+// caller counts it), the step takes the flush list those give (ReplayConfig::flush_list).
 template <class Decoders>
 void standard_step_both(const Case& c, const HostStep& h, const cuda::ReplayConfig& config, cuda::DeviceRecords& records,
-                        Decoders& cpu, Collected& meter) {
+                        Decoders& cpu, Collected& meter, const std::vector<int>* committed = nullptr) {
   const DecodeShape& s = c.shape;
   DeviceStep d(h, s.heads() * s.dv);
-  cuda::replay_step(c.kind, s, d.inputs(), config, records, nullptr);
+  test::FlushList flushing(s.batch);
+  cuda::replay_step(c.kind, s, d.inputs(), committed ? flushing.listed(config, *committed) : config, records, nullptr);
   REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
   cpu_step_compare(s, h, d.out.download(), cpu, meter);
 }
@@ -242,7 +247,11 @@ TEST_CASE("ReplaySSM decode kernels equal the CPU decoders: shared fp32 and spli
       int read_checks = 0, read_mismatch = 0;
       for (int step = 0; step < 3 * L + 5; ++step) {
         const HostStep h = gen.make(c.kind, s, 1);
-        standard_step_both(c, h, config, rec.view, cpu, meter);
+        // Every other step with a flush list from the staggered positions (h_b = (b mod L + step) mod L),
+        // the others without: both grids, and the window states each leaves for the other.
+        std::vector<int> committed(s.batch);
+        for (int b = 0; b < s.batch; ++b) committed[b] = (b % L + step) % L;
+        standard_step_both(c, h, config, rec.view, cpu, meter, step % 2 ? &committed : nullptr);
         // After a flush of sequence b, its LP copy must equal quantize(HP) bit for bit (fp32 HP).
         if (split && policy.recur.format == StorageFormat::fp32) {
           std::vector<float> recur_host(s.heads() * s.head_elements());
@@ -322,6 +331,7 @@ TEST_CASE("ReplaySSM decode kernels with error feedback and appendix F skipping 
       int read_checks = 0, read_mismatch = 0;
       for (int step = 0; step < 3 * L + 5; ++step) {
         const HostStep h = gen.make(c.kind, s, 1);
+        const std::vector<int> committed(position.begin(), position.end());  // before this step
         for (int b = 0; b < s.batch; ++b) {
           const bool flush = position[b] + 1 >= L;
           for (int hd = 0; hd < s.value_heads; ++hd) {
@@ -336,7 +346,9 @@ TEST_CASE("ReplaySSM decode kernels with error feedback and appendix F skipping 
         }
         std::vector<float> residual_before;
         if (read_ef) residual_before = buf.read->residual.download();
-        standard_step_both(c, h, config, rec.view, cpu, meter);
+        // Every other step with a flush list, where one is taken (GDN's skipped reads refuse it).
+        const bool listed = step % 2 && !(c.kind == ssm::Recurrence::gdn && config.skip_threshold_read > 0.0f);
+        standard_step_both(c, h, config, rec.view, cpu, meter, listed ? &committed : nullptr);
         if (split && policy.recur.format == StorageFormat::fp32) {
           std::vector<char> flushed(s.batch);
           for (int b = 0; b < s.batch; ++b) flushed[b] = (b % L + step + 1) % L == 0;
@@ -671,9 +683,14 @@ TEST_CASE("standard steps after verification commits (h >= L) equal the CPU deco
         // One to three standard steps.
         const int steps = boost::random::uniform_int_distribution<int>(1, 3)(rng);
         for (int st = 0; st < steps; ++st) {
-          for (int b = 0; b < s.batch; ++b) long_flushes += cpu[b * s.key_heads]->committed() >= L;
+          std::vector<int> committed(s.batch);
+          for (int b = 0; b < s.batch; ++b) {
+            committed[b] = cpu[b * s.key_heads]->committed();
+            long_flushes += committed[b] >= L;
+          }
           const HostStep h = gen.make(c.kind, s, 1);
-          standard_step_both(c, h, config, rec.view, cpu, meter);
+          // Every other round with the flush list the CPU decoders' h give (after a commit h can be L or more).
+          standard_step_both(c, h, config, rec.view, cpu, meter, round % 2 ? &committed : nullptr);
         }
       }
       Collected states;
@@ -794,7 +811,10 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
         const int steps = T == 1 ? 0 : boost::random::uniform_int_distribution<int>(0, 2)(rng);
         for (int st = 0; st < steps; ++st) {
           const HostStep h = gen.make(c.kind, s, 1);
-          standard_step_both(c, h, config, rec.view, cpu, meter);
+          // The second of two steps with the flush list the CPU decoders' h give.
+          std::vector<int> committed(s.batch);
+          for (int b = 0; b < s.batch; ++b) committed[b] = cpu[b * s.key_heads]->committed();
+          standard_step_both(c, h, config, rec.view, cpu, meter, st % 2 ? &committed : nullptr);
         }
       }
       // Checkpoints: the FP32 HP copy within FP32 rounding; every LP copy of a sequence that flushed
@@ -905,7 +925,11 @@ TEST_CASE("CUDA Graphs: captured verify + commit and captured standard steps rep
         return cur;
       }
     };
-    Decoder graph(s, policy, L, T, true), plain(s, policy, L, T, false);
+    // Standard steps also run on a third decoder, uncaptured with device-resident parity and a flush list
+    // from a host-side count of each sequence's h: the parity counts of the listed grid (step_blocks_of).
+    Decoder graph(s, policy, L, T, true), plain(s, policy, L, T, false), listed(s, policy, L, T, true);
+    std::vector<int> listed_h(s.batch, 0);
+    test::FlushList flush_list(s.batch);
     cudaStream_t stream;
     REPLAYSSM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     InputGen gen(test::kBaseSeed + 48000 + n, n % 2 == 0);
@@ -925,7 +949,7 @@ TEST_CASE("CUDA Graphs: captured verify + commit and captured standard steps rep
     REPLAYSSM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
     REPLAYSSM_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
     const int rounds = T > 0 ? 40 : 3 * L + 7;
-    int flush_rounds = 0, output_mismatch = 0;
+    int flush_rounds = 0, output_mismatch = 0, listed_flushes = 0, listed_mismatch = 0;
     std::size_t outputs = 0;
     for (int round = 0; round < rounds; ++round) {
       const HostStep h = round == 0 ? first : gen.make(gc.kind, s, tokens);
@@ -956,6 +980,27 @@ TEST_CASE("CUDA Graphs: captured verify + commit and captured standard steps rep
       outputs += go.size();
       for (std::size_t i = 0; i < go.size(); ++i)
         output_mismatch += std::memcmp(&go[i], &po[i], sizeof(float)) != 0;
+      if (T == 0) {
+        DeviceStep lin(h, s.heads() * s.dv);
+        cuda::replay_step(gc.kind, s, lin.inputs(), flush_list.listed(listed.config, listed_h), listed.rec.view, nullptr);
+        REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+        listed_flushes += flush_list.count;
+        for (int& hb : listed_h) hb = hb + 1 >= L ? 0 : hb + 1;
+        const auto lo = lin.out.download();
+        for (std::size_t i = 0; i < lo.size(); ++i) listed_mismatch += std::memcmp(&lo[i], &po[i], sizeof(float)) != 0;
+      }
+    }
+    if (T == 0) {  // the listed decoder against the plain one: windows and both copies
+      const auto lw = listed.windows(), pw = plain.windows();
+      for (int b = 0; b < s.batch; ++b)
+        listed_mismatch += lw[b].h != pw[b].h || lw[b].start != pw[b].start || lw[b].flushes != pw[b].flushes;
+      listed_mismatch += listed.recur.payload.download() != plain.recur.payload.download();
+      if (split) listed_mismatch += listed.read->payload.download() != plain.read->payload.download();
+      std::printf("graph %s %-24s standard steps with flush lists (%d listed flushes), device-resident parity, against "
+                  "the plain launches: %d differences\n",
+                  std::string(ssm::to_string(gc.kind)).c_str(), gc.policy, listed_flushes, listed_mismatch);
+      CHECK(listed_mismatch == 0);
+      CHECK(listed_flushes > 0);
     }
     const auto gw = graph.windows(), pw = plain.windows();
     int window_mismatch = 0;
@@ -980,6 +1025,87 @@ TEST_CASE("CUDA Graphs: captured verify + commit and captured standard steps rep
     REPLAYSSM_CUDA_CHECK(cudaGraphDestroy(g));
     REPLAYSSM_CUDA_CHECK(cudaStreamDestroy(stream));
     ++n;
+  }
+}
+
+// ReplayConfig::flush_list must be exactly the sequences that flush, in increasing order. A wrong list cannot
+// be caught on the host (the window states live on the device), so the kernels stop (__trap) rather than
+// lose or repeat a flush, and the error is sticky for the process: each scenario runs in a child process,
+// this binary again with the hidden test case below. Windows: every sequence at h = 0 (none flushes at
+// L = 4) or at h = 3 (all flush). The exact list must run; every wrong one must end in a CUDA error.
+namespace {
+constexpr const char* kFlushListScenario = "REPLAYSSM_FLUSH_LIST_SCENARIO";
+struct FlushListScenario {
+  const char* name;
+  int h;                  // every sequence's window position
+  std::vector<int> list;  // the flush list passed
+  bool valid;
+};
+const std::vector<FlushListScenario>& flush_list_scenarios() {
+  static const std::vector<FlushListScenario> all = {
+      {"exact", 3, {0, 1, 2, 3}, true},      {"exact-empty", 0, {}, true},
+      {"missing", 3, {0, 1, 3}, false},      {"not-flushing", 0, {2}, false},
+      {"out-of-order", 3, {1, 0, 2, 3}, false}, {"repeated", 3, {0, 1, 1, 3}, false},
+      {"out-of-range", 3, {0, 1, 2, 4}, false},
+  };
+  return all;
+}
+}  // namespace
+
+TEST_CASE("flush list child process (spawned by the test below)" * doctest::skip()) {
+  const char* which = std::getenv(kFlushListScenario);
+  REQUIRE(which != nullptr);
+  for (const auto& sc : flush_list_scenarios()) {
+    if (std::string(which) != sc.name) continue;
+    for (ssm::Recurrence kind : {ssm::Recurrence::mamba2, ssm::Recurrence::gdn, ssm::Recurrence::kda}) {
+      const DecodeShape s{4, 1, 4, 128, 64};
+      StateBuffers ck(StorageFormat::fp32, s);
+      RecordBuffers rec(s, 4, std::vector<cuda::WindowState>(s.batch, cuda::WindowState{sc.h, 0, 0, 0}), s.dk);
+      DeviceArray<int> list(std::max<std::size_t>(1, sc.list.size()));
+      if (!sc.list.empty()) list.upload(sc.list);
+      cuda::ReplayConfig config;
+      config.window = 4;
+      config.recur = ck.view;
+      config.heads_per_block = kind == ssm::Recurrence::kda ? 1 : 0;
+      config.flush_list = list.ptr;
+      config.flush_count = static_cast<int>(sc.list.size());
+      test::InputGen gen(test::kBaseSeed + 49000, false);
+      HostStep h = gen.make(kind == ssm::Recurrence::kda ? ssm::Recurrence::gdn : kind, s, 1);
+      if (kind == ssm::Recurrence::kda) {  // KDA decays are per key channel: [B][H][dk]
+        std::vector<float> channels;
+        for (float a : h.alpha) channels.insert(channels.end(), s.dk, a);
+        h.alpha = channels;
+      }
+      DeviceStep d(h, s.heads() * s.dv);
+      cuda::replay_step(kind, s, d.inputs(), config, rec.view, nullptr);
+      const cudaError_t e = cudaDeviceSynchronize();
+      std::printf("child %s %s: %s\n", sc.name, std::string(ssm::to_string(kind)).c_str(), cudaGetErrorName(e));
+      std::fflush(stdout);
+      if (e != cudaSuccess) std::_Exit(3);  // the context is gone: no destructors
+    }
+    std::_Exit(0);
+  }
+  FAIL("unknown scenario " << which);
+}
+
+TEST_CASE("a flush list that is not exactly the flushing sequences stops the kernels with a CUDA error") {
+  for (const auto& sc : flush_list_scenarios()) {
+    const std::string command = std::string(kFlushListScenario) + "=" + sc.name +
+                                " /proc/self/exe --no-skip --test-case='flush list child process*' 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::string output;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, pipe)) output += buf;
+    const int status = pclose(pipe);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::printf("flush list %-13s (%s): child exit %d, %s", sc.name, sc.valid ? "exact" : "wrong", code,
+                output.substr(output.rfind("child ") == std::string::npos ? 0 : output.rfind("child ")).c_str());
+    INFO(output);
+    // exact: all three recurrences ran (exit 0); wrong: the first launch's error ended the child (exit 3).
+    CHECK(code == (sc.valid ? 0 : 3));
+    CHECK(output.find(std::string("child ") + sc.name + (sc.valid ? " kda: cudaSuccess" : " mamba2: cudaError")) !=
+          std::string::npos);
   }
 }
 
@@ -1026,6 +1152,30 @@ TEST_CASE("the launchers refuse rings not sized for the verification they serve,
     not_divisor.heads_per_block = 5;  // 16 heads per key head
     rec.view.max_drafts = 0;
     CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), not_divisor, rec.view, nullptr), std::invalid_argument);
+  }
+  {
+    // ReplayConfig::flush_list on the host: a count without a list, a count outside [0, B], and a list with
+    // GDN's skipped reads (its flush kernel serves every sequence's) are refused; an empty list where no
+    // sequence flushes (h = 0, L = 16) runs, with Mamba-2's skipped reads too.
+    RecordBuffers rec(s, 16, std::vector<cuda::WindowState>(s.batch));
+    DeviceArray<int> list(s.batch);
+    for (int count : {1, -1}) {
+      cuda::ReplayConfig bad = config;
+      bad.flush_count = count;
+      CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), bad, rec.view, nullptr), std::invalid_argument);
+    }
+    for (int count : {-1, s.batch + 1}) {
+      cuda::ReplayConfig bad = config;
+      bad.flush_list = list.ptr;
+      bad.flush_count = count;
+      CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::gdn, s, d.inputs(), bad, rec.view, nullptr), std::invalid_argument);
+    }
+    cuda::ReplayConfig skipping = config;
+    skipping.flush_list = list.ptr;
+    skipping.skip_threshold_read = 0.01f;
+    CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::gdn, s, d.inputs(), skipping, rec.view, nullptr), std::invalid_argument);
+    CHECK_NOTHROW(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), skipping, rec.view, nullptr));
+    REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
   }
   {
     // A forced tensor-core read (NVFP4, FP8-b128) is refused where it does not exist (dv % 16 != 0,

@@ -198,13 +198,15 @@ void verify_round(const Case& c, int T, const HostStep& h, cuda::ReplayConfig& c
     }
 }
 
-// One standard step on the GPU and the CPU decoders; the outputs into meter.
+// One standard step on the GPU and the CPU decoders; the outputs into meter. With `committed` (each
+// sequence's h as the caller counts it), the step takes the flush list those give (ReplayConfig::flush_list).
 template <class Decoder>
 void standard_step(const Case& c, const HostStep& h, cuda::ReplayConfig& config, RecordBuffers& rec,
-                   std::vector<std::unique_ptr<Decoder>>& cpu, Collected& meter) {
+                   std::vector<std::unique_ptr<Decoder>>& cpu, Collected& meter, const std::vector<int>* committed = nullptr) {
   const DecodeShape& s = c.shape;
   DeviceStep d(h, s.heads() * s.dv);
-  cuda::replay_step(kKda, s, d.inputs(), config, rec.view, nullptr);
+  test::FlushList flushing(s.batch);
+  cuda::replay_step(kKda, s, d.inputs(), committed ? flushing.listed(config, *committed) : config, rec.view, nullptr);
   REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
   const auto out = d.out.download();
   for (int b = 0; b < s.batch; ++b)
@@ -413,7 +415,10 @@ SkipCounter replay_case(const Case& c, const std::string& policy_text, Decays de
     const HostStep h = gen.make(s, 1);
     skips.step(h);
     const std::vector<float> residual_before = check_read && read_ef ? read_buf->residual.download() : std::vector<float>();
-    standard_step(c, h, config, rec, cpu, meter);
+    // Every other step with a flush list from the staggered positions h_b = (b mod L + step) mod L.
+    std::vector<int> committed(s.batch);
+    for (int b = 0; b < s.batch; ++b) committed[b] = (b % L + step) % L;
+    standard_step(c, h, config, rec, cpu, meter, step % 2 ? &committed : nullptr);
     if (!check_read) continue;
     std::vector<float> recur_host(s.heads() * s.head_elements());
     REPLAYSSM_CUDA_CHECK(cudaMemcpy(recur_host.data(), recur_buf.payload.ptr, recur_host.size() * 4, cudaMemcpyDeviceToHost));
@@ -754,8 +759,13 @@ TEST_CASE("KDA standard steps after verification commits (h >= L) equal the CPU 
         verify_round(c, T, gen.make(s, T), config, rec, accepted, acc, cpu, meter);
         const int steps = boost::random::uniform_int_distribution<int>(1, 3)(rng);
         for (int st = 0; st < steps; ++st) {
-          for (int b = 0; b < s.batch; ++b) long_flushes += cpu[static_cast<std::size_t>(b) * s.key_heads]->committed() >= L;
-          standard_step(c, gen.make(s, 1), config, rec, cpu, meter);
+          std::vector<int> committed(s.batch);
+          for (int b = 0; b < s.batch; ++b) {
+            committed[b] = cpu[static_cast<std::size_t>(b) * s.key_heads]->committed();
+            long_flushes += committed[b] >= L;
+          }
+          // Every other round with the flush list the CPU decoders' h give (after a commit h can be L or more).
+          standard_step(c, gen.make(s, 1), config, rec, cpu, meter, round % 2 ? &committed : nullptr);
         }
       }
       Collected states;
