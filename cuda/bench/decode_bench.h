@@ -20,10 +20,6 @@ struct BenchOptions {
   // Value heads per block of the standard replay step (ReplayConfig::heads_per_block; 0: the
   // launcher's choice). Verification keeps the launcher's choice.
   int heads_per_block = 0;
-  // Standard replay steps with ReplayConfig::flush_list (the bench knows which sequences flush at each step),
-  // as a serving loop would run them; false: without, the flush kernel covering every sequence, for comparison.
-  // GDN's appendix F rows with a read threshold run without either way (the launcher refuses a list there).
-  bool flush_lists = true;
   // Device memory for the bench's buffers, GiB (0: all that is free but max(1/4, 2 GiB)). Under a
   // profiler that replays kernels (Nsight Compute saves and restores the memory a kernel may write),
   // give a few GiB: one arena the size of the GPU cannot be saved.
@@ -33,6 +29,10 @@ struct BenchOptions {
   // a = 1 and a = T, instead of the tables above. `replayssm bench --schemes` defaults to the paper's
   // setting: nemotron-3-super, B = 256, T in {2, 4, 8}.
   bool schemes = false;
+  // Standard replay steps with ReplayConfig::flush_list (the bench knows which sequences flush at each step),
+  // as a serving loop would run them; false: without, the flush kernel covering every sequence, for comparison.
+  // GDN's appendix F rows with a read threshold run without either way (the launcher refuses a list there).
+  bool flush_lists = true;
 };
 
 // Refuses options no run can honour, naming the option, what it accepts and the value (std::invalid_argument):
