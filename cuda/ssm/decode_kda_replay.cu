@@ -49,7 +49,7 @@ void kda_detail::replay_step(const DecodeShape& shape, const StepInputs& in, con
   check_flush_list(config, shape);
   ReplayArgs A = make_replay_args(shape, in, config, records, 1, stage);
   // With a flush list the flush grid's rows are the listed sequences only (ReplayConfig::flush_list).
-  const dim3 grid(shape.value_heads, shape.batch), flush_grid(shape.value_heads, config.flush_list ? config.flush_count : shape.batch);
+  const dim3 grid(shape.value_heads, shape.batch), flush_grid(shape.value_heads, A.flush_list ? A.flush_count : shape.batch);
   A.nonflush_blocks = A.flush_blocks = shape.value_heads;
   // The flush kernel first, as a plain launch; the non-flush kernel follows as its programmatic
   // dependent, so its blocks start while the flush kernel's last ones still run (the two touch

@@ -308,24 +308,25 @@ __device__ __forceinline__ void kda_flush_body(const ReplayArgs& A, int b, const
 
 // RB rows per lane group in the closed form, AHEAD iterations of rows in flight, and the blocks per SM the
 // registers are sized for at dk = 128 (elsewhere no bound).
-template <StorageFormat F, int DK, int RB, int AHEAD, int kMinBlocks128>
+// kListed: the grid's rows are ReplayConfig::flush_list's sequences, an instance of its own (its sequence index is
+// loaded, not the rematerialisable blockIdx.y; decode_replay_flush.cu says what one kernel for both cost).
+template <StorageFormat F, int DK, int RB, int AHEAD, int kMinBlocks128, bool kListed>
 __global__ void __launch_bounds__(kThreads, DK == 128 ? kMinBlocks128 : 0) kda_flush_kernel(ReplayArgs A) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The non-flush kernel touches only non-flushing sequences (and reads the current window-state
   // copy, which this kernel does not write): let it launch as soon as every block here has started.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-  const int b = flush_block_sequence(A);
+  const int b = kListed ? flush_block_sequence(A) : static_cast<int>(blockIdx.y);
   const WindowState win = current_window(A.rec, b);
   const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
   // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory. A listed
   // sequence must flush (ReplayConfig::flush_list).
-  if ((flush && win.h + 1 > A.stage) || (A.flush_list && !flush)) __trap();
-  if (flush) {
-    // The non-flush kernel writes the next window state of the sequences that do not flush.
-    if (blockIdx.x == 0 && threadIdx.x == 0) write_next_window(A.rec, b, next_window(win, true, A.rec.capacity));
-    kda_flush_body<F, DK, RB, AHEAD>(A, b, win);
-  }
+  if ((flush && win.h + 1 > A.stage) || (kListed && !flush)) __trap();
+  // Without a list every sequence's next window state; with one the listed (flushing) ones', and the non-flush
+  // kernel writes those of the others (decode_kda_replay_nonflush.cu).
+  if (blockIdx.x == 0 && threadIdx.x == 0) write_next_window(A.rec, b, next_window(win, flush, A.rec.capacity));
+  if (flush) kda_flush_body<F, DK, RB, AHEAD>(A, b, win);
   step_block_done(A.rec, b, step_blocks_of(A, flush));  // every block, every path: the device-side parity (decode_kernels.h)
 }
 
@@ -340,10 +341,13 @@ void decode_detail::launch_kda_flush(StorageFormat recur, const ReplayArgs& A, d
   check_step_blocks(A, grid, true);
   const std::size_t smem = sizeof(float) * flush_shared_floats(A.stage, A.shape.dk, A.shape.dv);
   with_dk(A.shape.dk, [&](auto DK) {
-    auto flush = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, false, stream); };
     constexpr int RB = kFlushRowsPerGroup, AHEAD = kFlushIterationsAhead, MB = kFlushMinBlocks128;
-    if (recur == StorageFormat::fp32) flush(kda_flush_kernel<StorageFormat::fp32, DK(), RB, AHEAD, MB>);
-    else flush(kda_flush_kernel<StorageFormat::fp16, DK(), RB, AHEAD, MB>);
+    auto flush = [&](auto F) {  // the listed instance where the launcher passes a flush list
+      if (A.flush_list) launch_replay_kernel(kda_flush_kernel<F(), DK(), RB, AHEAD, MB, true>, A, grid, smem, false, stream);
+      else launch_replay_kernel(kda_flush_kernel<F(), DK(), RB, AHEAD, MB, false>, A, grid, smem, false, stream);
+    };
+    if (recur == StorageFormat::fp32) flush(std::integral_constant<StorageFormat, StorageFormat::fp32>{});
+    else flush(std::integral_constant<StorageFormat, StorageFormat::fp16>{});
   });
 }
 

@@ -119,7 +119,8 @@ template <StorageFormat R, int DK>
 __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   extern __shared__ float smem[];
   const KdaBlock kb = kda_block(A.shape);
-  const WindowState win = current_window(A.rec, kb.b);  // read again by the kernel's caller (one L1 hit)
+  const WindowState win = current_window(A.rec, kb.b);
+  if (win.h + 1 >= A.window) return;  // the flush kernel's sequence
   const int L = A.window, h0 = win.h, dv = kb.dv;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const bool skip_on = A.skip_read > 0.0f;
@@ -255,17 +256,24 @@ __device__ __forceinline__ void kda_nonflush_body(const ReplayArgs& A) {
   }
 }
 
-// 4 blocks per SM at dk = 128 (64 registers): main's kernels reached it unasked; with the window-state
-// duties of the flush list (decode_replay.cuh) ptxas chose 75-80 registers, 3 blocks per SM.
-constexpr int kNonflushMinBlocks128 = 4;
-template <StorageFormat R, int DK>
-__global__ void __launch_bounds__(kThreads, DK == 128 ? kNonflushMinBlocks128 : 0) kda_nonflush_kernel(ReplayArgs A) {
-  const int b = blockIdx.y;
-  const WindowState win = current_window(A.rec, b);
-  const bool flush = win.h + 1 >= A.window;  // the flush kernel's sequence
-  nonflush_window_duties(A, b, win, flush);
-  if (!flush) kda_nonflush_body<R, DK>(A);
-  step_block_done(A.rec, b, step_blocks_of(A, flush));  // every block, every path: the device-side parity (decode_kernels.h)
+// kListed: with a flush list, an instance of its own, which also does the window-state duties
+// (nonflush_window_duties). The plain instance leaves every next window state to the flush kernel, which covers
+// every sequence without a list, and is main's kernel as it was: with the duties ptxas chose 75-80 registers at
+// dk = 128 instead of 64 (3 blocks per SM instead of 4). The listed instance asks for 4 blocks per SM there.
+constexpr int kListedMinBlocks128 = 4;
+template <StorageFormat R, int DK, bool kListed>
+__global__ void __launch_bounds__(kThreads, kListed && DK == 128 ? kListedMinBlocks128 : 0) kda_nonflush_kernel(ReplayArgs A) {
+  if constexpr (kListed) {
+    const int b = blockIdx.y;
+    const WindowState win = current_window(A.rec, b);
+    const bool flush = win.h + 1 >= A.window;  // the flush kernel's sequence
+    nonflush_window_duties(A, b, win, flush);
+    if (!flush) kda_nonflush_body<R, DK>(A);
+    step_block_done(A.rec, b, step_blocks_of(A, flush));
+  } else {
+    kda_nonflush_body<R, DK>(A);
+    step_block_done(A.rec, blockIdx.y, 2 * gridDim.x);  // both kernels cover every sequence
+  }
 }
 
 }  // namespace
@@ -274,15 +282,20 @@ void decode_detail::launch_kda_nonflush(StorageFormat read, const ReplayArgs& A,
   check_step_blocks(A, grid, false);
   const std::size_t smem = sizeof(float) * kda_nonflush_layout(A.window, A.shape.dk, A.shape.dv, A.skip_read > 0.0f).total;
   with_dk(A.shape.dk, [&](auto DK) {
-    auto nonflush = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, flush_kernel_launched(A), stream); };
+    auto nonflush = [&](auto R) {  // the listed instance where the launcher passes a flush list
+      const bool programmatic = flush_kernel_launched(A);
+      if (A.flush_list) launch_replay_kernel(kda_nonflush_kernel<R(), DK(), true>, A, grid, smem, programmatic, stream);
+      else launch_replay_kernel(kda_nonflush_kernel<R(), DK(), false>, A, grid, smem, programmatic, stream);
+    };
+    using SF = StorageFormat;
     switch (read) {
-      case StorageFormat::fp32: nonflush(kda_nonflush_kernel<StorageFormat::fp32, DK()>); break;
-      case StorageFormat::fp16: nonflush(kda_nonflush_kernel<StorageFormat::fp16, DK()>); break;
-      case StorageFormat::bf16: nonflush(kda_nonflush_kernel<StorageFormat::bf16, DK()>); break;
-      case StorageFormat::fp8b128:
-        if constexpr (DK() >= 128) nonflush(kda_nonflush_kernel<StorageFormat::fp8b128, DK()>);
+      case SF::fp32: nonflush(std::integral_constant<SF, SF::fp32>{}); break;
+      case SF::fp16: nonflush(std::integral_constant<SF, SF::fp16>{}); break;
+      case SF::bf16: nonflush(std::integral_constant<SF, SF::bf16>{}); break;
+      case SF::fp8b128:
+        if constexpr (DK() >= 128) nonflush(std::integral_constant<SF, SF::fp8b128>{});
         break;
-      default: nonflush(kda_nonflush_kernel<StorageFormat::nvfp4, DK()>); break;
+      default: nonflush(std::integral_constant<SF, SF::nvfp4>{}); break;
     }
   });
 }

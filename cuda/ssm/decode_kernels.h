@@ -155,9 +155,9 @@ struct ReplayConfig {
   // a low-precision read's step (H100, B = 256; experiments/bench/decode_2026-12-06/session24/). A serving
   // loop or a sweep that steps every sequence with standard steps knows the list: b flushes when its
   // h + 1 >= L, h advancing by one per step and returning to 0 after a flush. nullptr (flush_count 0):
-  // the flush kernel covers every sequence. The list must be exact: a listed sequence that does not
-  // flush, an index out of range or out of order, or a flushing sequence that is missing stops the
-  // kernels (__trap: the step's next CUDA call reports cudaErrorLaunchFailure or an illegal instruction)
+  // the flush kernel covers every sequence, and so does a list of all B sequences. Any shorter list must be
+  // exact: a listed sequence that does not flush, an index out of range or out of order, or a flushing
+  // sequence that is missing stops the kernels (__trap: the step's next CUDA call reports an error)
   // rather than skip or repeat a flush. GDN with skip_threshold_read > 0 refuses a list (its flush kernel
   // also serves the skipped reads of sequences that do not flush).
   const int* flush_list = nullptr;

@@ -88,13 +88,15 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // step of Nemotron-3-Super at B = 256 took 294 / 305 / 329 us with 8192 / 16384 / 32768 flush
   // blocks). So: the fewest heads per block whose flush grid stays within kMaxFlushBlocksPerSm blocks
   // per SM, else the non-flush kernel's NH (experiments/bench/decode_2026-12-04/call4_flush_grid/).
-  // With a flush list the grid has only the flushing sequences' rows, and none of its blocks returns at once.
+  // The rule counts B rows with a flush list too: choosing by the list's rows (fewer heads per block on its
+  // smaller grid) made the staggered step of Nemotron-3-Super 6% slower at B = 64 and 128 (H100, 2026-12-06,
+  // experiments/bench/decode_2026-12-06/session25/).
   constexpr long kMaxFlushBlocksPerSm = 12;
-  const long flush_rows = config.flush_list ? config.flush_count : shape.batch;
   int NH_flush = NH;
   if (config.heads_per_block == 0)
     for (int nh = 1; nh < NH; ++nh)
-      if (shape.heads_per_group() % nh == 0 && flush_rows * (shape.value_heads / nh) <= kMaxFlushBlocksPerSm * sm_count()) {
+      if (shape.heads_per_group() % nh == 0 &&
+          static_cast<long>(shape.batch) * (shape.value_heads / nh) <= kMaxFlushBlocksPerSm * sm_count()) {
         NH_flush = nh;
         break;
       }
@@ -115,7 +117,7 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   ReplayArgs A = make_replay_args(shape, in, config, records, NH_read, stage);
   // With a flush list the flush grid's rows are the listed sequences only (ReplayConfig::flush_list).
   const dim3 grid(shape.value_heads / NH_read, shape.batch),
-      flush_grid(shape.value_heads / NH_flush, config.flush_list ? config.flush_count : shape.batch);
+      flush_grid(shape.value_heads / NH_flush, A.flush_list ? A.flush_count : shape.batch);
   A.nonflush_blocks = grid.x;
   A.flush_blocks = flush_grid.x;
   ReplayArgs A_flush = A;

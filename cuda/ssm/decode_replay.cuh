@@ -60,8 +60,11 @@ inline ReplayArgs make_replay_args(const DecodeShape& shape, const StepInputs& i
   A.skip_read = config.skip_threshold_read;
   A.skip_flush = config.skip_threshold_flush;
   A.read_path = config.read_path;
-  A.flush_list = config.flush_list;
-  A.flush_count = config.flush_list ? config.flush_count : 0;
+  // A list of all B sequences is the full grid (the flush kernel's plain instance, which serves flushing and
+  // non-flushing sequences alike, so that a wrong such list still gives right numbers).
+  const bool whole_batch = config.flush_list && config.flush_count == shape.batch;
+  A.flush_list = whole_batch ? nullptr : config.flush_list;
+  A.flush_count = A.flush_list ? config.flush_count : 0;
   return A;
 }
 
@@ -120,19 +123,21 @@ __device__ __forceinline__ int flush_block_sequence(const ReplayArgs& A) {
   return b;
 }
 
-// Non-flush kernels, once per step and sequence: the block at blockIdx.x == 0 of a sequence that does not
-// flush writes its next window state (a flushing sequence's flush block writes its own). With a flush list
-// every block of a flushing sequence checks that the list has it (block-wide; returns only if so): the
-// flush kernel has no block for a sequence it lacks, so its flush would be silently lost.
+// Non-flush kernels, once per step and sequence: the block at blockIdx.x == 0 of a sequence that does not flush
+// writes its next window state (the flush kernel writes the flushing sequences'; with a flush list it has no
+// block for the others). With a list every block of a flushing sequence also checks that the list has it
+// (block-wide; returns only if so): the flush kernel has no block for a sequence the list lacks, so its flush
+// would be silently lost. (KDA's plain non-flush kernel leaves the write to its flush kernel, which covers every
+// sequence there: decode_kda_replay_nonflush.cu says why.)
 __device__ __forceinline__ void nonflush_window_duties(const ReplayArgs& A, int b, const WindowState& win, bool flush) {
   if (!flush) {
     if (blockIdx.x == 0 && threadIdx.x == 0) write_next_window(A.rec, b, next_window(win, false, A.rec.capacity));
     return;
   }
   if (A.flush_list == nullptr) return;
-  int listed = 0;
-  for (int i = threadIdx.x; i < A.flush_count; i += blockDim.x) listed |= A.flush_list[i] == b;
-  if (!__syncthreads_or(listed)) __trap();
+  int found = 0;
+  for (int i = threadIdx.x; i < A.flush_count; i += blockDim.x) found |= A.flush_list[i] == b;
+  if (!__syncthreads_or(found)) __trap();
 }
 
 // Dynamic shared memory of a replay block. Non-flush blocks stage the NH heads' record vectors;

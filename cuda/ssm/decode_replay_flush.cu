@@ -573,7 +573,11 @@ constexpr int flush_min_blocks() { return DK == 256 ? 2 : 3; }
 // kExtras: error feedback or appendix F skipping in use (a separate instantiation, so that the
 // plain kernel keeps its register allocation: measured with ptxas, one kernel for both spilled).
 // kStreamed: the plain flush with streamed rows (flush_rows_streamed), likewise an instance of its own.
-template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras, bool kStreamed = false>
+// kListed: the grid's rows are ReplayConfig::flush_list's sequences, also an instance of its own: its sequence
+// index is loaded, where the plain kernel's is blockIdx.y, which ptxas rematerialises instead of keeping a
+// register. One kernel for both spilled more (GDN's streamed FP32 flush 16 -> 36 B), and GDN's FP32 flush
+// step took 1.14x main's time, with a list or without (H100, 2026-12-06, decode_2026-12-06/session25/).
+template <ssm::Recurrence K, StorageFormat RecurF, int DK, bool kExtras, bool kStreamed, bool kListed>
 __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -581,12 +585,13 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
   // copy, which this kernel does not write): let it launch as soon as every block here has started.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-  const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block, flush_block_sequence(A));
+  const BlockGeometry bg = kListed ? block_geometry(A.shape, A.heads_per_block, flush_block_sequence(A))
+                                   : block_geometry(A.shape, A.heads_per_block);
   const WindowState win = current_window(A.rec, bg.b);
   const bool flush = win.h + 1 >= A.window;  // h == L after appending; more after a verification commit
   // The launcher sizes `stage` for every h a commit can leave; more would overrun shared memory. A listed
   // sequence must flush (ReplayConfig::flush_list).
-  if ((flush && win.h + 1 > A.stage) || (A.flush_list && !flush)) __trap();
+  if ((flush && win.h + 1 > A.stage) || (kListed && !flush)) __trap();
   // The non-flush kernel writes the next window state of the sequences that do not flush.
   if (flush && blockIdx.x == 0 && threadIdx.x == 0) write_next_window(A.rec, bg.b, next_window(win, true, A.rec.capacity));
   // GDN heads that skip their non-flush read (appendix F) recompute every u from zero: a fold, so
@@ -609,22 +614,29 @@ void decode_detail::launch_replay_flush(ssm::Recurrence kind, StorageFormat recu
   with_kind(kind, [&](auto K) {
     with_dk(A.shape.dk, [&](auto DK) {
       // Launched first, as a plain launch; the non-flush kernel follows as its programmatic
-      // dependent (decode_replay.cu).
-      auto launch = [&](auto kernel) { launch_replay_kernel(kernel, A, grid, smem, false, stream); };
+      // dependent (decode_replay.cu). The listed instance where the launcher passes a flush list.
+      auto launch = [&](auto F, auto kExtras, auto kStreamed) {
+        if (A.flush_list)
+          launch_replay_kernel(replay_flush_kernel<K(), F(), DK(), kExtras(), kStreamed(), true>, A, grid, smem, false, stream);
+        else
+          launch_replay_kernel(replay_flush_kernel<K(), F(), DK(), kExtras(), kStreamed(), false>, A, grid, smem, false, stream);
+      };
+      using Fp32 = std::integral_constant<StorageFormat, StorageFormat::fp32>;
+      using Fp16 = std::integral_constant<StorageFormat, StorageFormat::fp16>;
       const bool extras = A.recur_ef || A.read.residual != nullptr || A.skip_read > 0.0f || A.skip_flush > 0.0f;
       if (recur == StorageFormat::fp32) {
         if (extras) {
-          launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), true>);
+          launch(Fp32{}, std::true_type{}, std::false_type{});
         } else if constexpr (flush_rows_streamed<K(), StorageFormat::fp32, DK(), false>()) {
           // dv % 8: flush_rows_pipelined's 8-row tiles must not span two heads.
-          if (!A.split && A.shape.dv % kFoldRows == 0) launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false, true>);
-          else launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false>);
+          if (!A.split && A.shape.dv % kFoldRows == 0) launch(Fp32{}, std::false_type{}, std::true_type{});
+          else launch(Fp32{}, std::false_type{}, std::false_type{});
         } else {
-          launch(replay_flush_kernel<K(), StorageFormat::fp32, DK(), false>);
+          launch(Fp32{}, std::false_type{}, std::false_type{});
         }
       } else if (recur == StorageFormat::fp16) {
-        if (extras) launch(replay_flush_kernel<K(), StorageFormat::fp16, DK(), true>);
-        else launch(replay_flush_kernel<K(), StorageFormat::fp16, DK(), false>);
+        if (extras) launch(Fp16{}, std::true_type{}, std::false_type{});
+        else launch(Fp16{}, std::false_type{}, std::false_type{});
       }
       else throw std::invalid_argument("the recurrence checkpoint is fp32 or fp16");
     });
