@@ -474,8 +474,7 @@ void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat r
       using SF = StorageFormat;
       auto launch = [&](auto R) {
         // A programmatic dependent launch of the flush kernel (decode_replay.cu says why), where there is one.
-        // The tensor-core
-        // read where it applies (16-row tiles must not straddle heads: dv % 16 == 0) on large grids.
+        // The tensor-core read where it applies (16-row tiles must not straddle heads: dv % 16 == 0) on large grids.
         auto with_skip = [&](auto kMma) {
           const std::size_t bytes =
               smem + (kMma() && R() == SF::fp8b128 ? sizeof(float) * fp8_row_scale_floats(A.shape.dv, A.heads_per_block) : 0);
