@@ -1033,8 +1033,8 @@ int run_decode_bench(const BenchOptions& o) {
         const double staggered = time_us(std::max(3, o.repeats / 3), [&] { cfg.recur = ws.fp32_state(next_copy()); run_window(cfg); },
                                          [&] { ws.set_windows([&](int b) { return b % L; }); }) / L;
         add(m, "replay fp32 (staggered windows)", B, L, staggered, bm.window(L, bm.state()) / L, conv_us);
-        // Aligned: one non-flush step (h0 = L/2) and one flush step, timed separately.
-        // Aligned windows: every sequence at h0, so a step's flush list is every sequence (h0 = L - 1) or none.
+        // Aligned: one non-flush step (h0 = L/2) and one flush step, timed separately. Every sequence is at h0,
+        // so a step's flush list is every sequence (h0 = L - 1) or none.
         const FlushSchedule none_flush(kind, B, L, [&](int) { return 0; }, o.flush_lists),
             all_flush(kind, B, L, [&](int) { return L - 1; }, o.flush_lists);
         auto aligned = [&](const ReplayConfig& c, int h0) { return (h0 + 1 >= L ? all_flush : none_flush).at(c, 0); };
