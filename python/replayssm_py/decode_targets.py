@@ -1,0 +1,212 @@
+"""Issue 13's decode-kernel targets, judged from the CSVs of `replayssm bench` (rounds of one run) and of the
+outside peers (scripts/bench_peers.py, scripts/bench_fla.py) measured in the same call.
+
+Every ratio is taken inside one round (the bench times a shape's rows back to back, so a ratio within a round
+cancels the drift between rounds) and then summarised over the rounds (median by default). A target whose rows
+are missing is reported as not measured, never as met.
+
+The targets (FP32 state, L = 16, B = 256 unless a row names another B; docs/BENCHMARKS.md):
+  conventional FP32 kernel            >= 92% of the copy bandwidth measured in the same run
+  staggered replay step               >= 1.75x conventional on Nemotron-3-Super, >= 1.6x on every other shape;
+                                      >= 1.25x at B = 32; >= 1.0x at every other B >= 8 in the CSVs
+  flush step                          <= 1.1 conventional steps
+  non-flush reads over the FP32 read  FP16 >= 1.7x, FP8-b128 >= 2.8x, NVFP4 >= 3.8x
+  verification, T drafts              <= 1.1 conventional steps without a flush, <= 1.5 with one (Mamba-2, GDN)
+  vLLM's ReplaySSM kernel             its staggered step >= 1.3x ours, Mamba-2 shapes, every B >= 32 measured
+  every other peer                    its time > ours (our staggered step), wherever both ran
+"""
+import csv
+import lzma
+import math
+import statistics
+from dataclasses import dataclass, field
+
+# The recurrence of each bench shape, as src/ssm/model_shapes.cpp has it (tests/python/test_decode_targets.py
+# checks this table against `replayssm traffic`).
+SHAPE_RECURRENCE = {
+    "nemotron-3-nano-4b": "Mamba-2",
+    "nemotron-3-super": "Mamba-2",
+    "qwen3.5-4b": "GDN",
+    "qwen3.5-122b-a10b": "GDN",
+    "kimi-linear-48b-a3b": "KDA",
+}
+
+TARGET_BATCH = 256
+CONVENTIONAL = "conventional fp32"
+STAGGERED = "replay fp32 (staggered windows)"
+NONFLUSH = "replay fp32 non-flush step"
+FLUSH = "replay fp32 flush step"
+LP_READS = {"FP16": ("non-flush read fp16 (x over fp32 read)", 1.7),
+            "FP8-b128": ("non-flush read fp8b128 (x over fp32 read)", 2.8),
+            "NVFP4": ("non-flush read nvfp4 (x over fp32 read)", 3.8)}
+VERIFY = {"no flush": ("verify output-only (no flush)", 1.1), "with a flush": ("verify output-only (with flush)", 1.5)}
+VLLM_REPLAY = "vllm replayssm_output_only (staggered)"
+VLLM_MIN_RATIO = 1.3
+
+BENCH_FIELDS = ("model", "kernel", "batch", "us_per_step", "pct_copy")
+PEER_FIELDS = ("model", "kernel", "batch", "us_per_step")
+STATISTICS = {"median": statistics.median, "min": min, "max": max}
+
+
+class TargetsInputError(ValueError):
+    """A CSV that cannot be judged; the message names the file, the row and the field."""
+
+
+def _open(path):
+    return lzma.open(path, "rt", newline="") if str(path).endswith(".xz") else open(path, newline="")
+
+
+def _read_rows(path, fields):
+    """{(model, kernel, batch): row} of one CSV, every field checked: positive finite times, integer batches."""
+    rows = {}
+    try:
+        with _open(path) as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in fields if c not in (reader.fieldnames or [])]
+            if missing:
+                raise TargetsInputError(f"{path}: header lacks the field(s) {', '.join(missing)} "
+                                        f"(expected a CSV with {', '.join(fields)})")
+            for n, r in enumerate(reader, start=2):
+                def number(name, kind=float, positive=True):
+                    text = r.get(name)
+                    try:
+                        value = kind(text)
+                    except (TypeError, ValueError):
+                        value = None
+                    if value is None or not math.isfinite(value) or (positive and value <= 0):
+                        raise TargetsInputError(f"{path}: line {n}: field '{name}': expected a "
+                                                f"{'positive ' if positive else ''}{'integer' if kind is int else 'number'}, "
+                                                f"got {text!r}")
+                    return value
+                key = (r["model"], r["kernel"], number("batch", int))
+                if key in rows:
+                    raise TargetsInputError(f"{path}: line {n}: row ({key[0]}, {key[1]}, B = {key[2]}) appears twice "
+                                            "(one file is one round)")
+                rows[key] = {"us": number("us_per_step"),
+                             "pct_copy": number("pct_copy") if "pct_copy" in fields else None}
+    except OSError as e:
+        raise TargetsInputError(f"{path}: cannot read ({e.strerror or e})") from e
+    except (lzma.LZMAError, UnicodeDecodeError, csv.Error) as e:
+        raise TargetsInputError(f"{path}: not a readable CSV ({e})") from e
+    if not rows:
+        raise TargetsInputError(f"{path}: no rows")
+    return rows
+
+
+def read_bench_csv(path):
+    return _read_rows(path, BENCH_FIELDS)
+
+
+def read_peer_csv(path):
+    return _read_rows(path, PEER_FIELDS)
+
+
+@dataclass
+class Verdict:
+    shape: str
+    target: str
+    batch: int
+    relation: str  # ">=", "<=" or ">"
+    limit: float
+    per_round: list = field(default_factory=list)  # the value in each round that has the rows
+    value: float = math.nan  # summarised over per_round
+
+    @property
+    def measured(self):
+        return bool(self.per_round)
+
+    @property
+    def met(self):
+        if not self.measured:
+            return False
+        return {">=": self.value >= self.limit, "<=": self.value <= self.limit, ">": self.value > self.limit}[self.relation]
+
+    @property
+    def status(self):
+        return "not measured" if not self.measured else ("met" if self.met else "missed")
+
+
+def _ratio(rnd, num_key, den_key):
+    num, den = rnd.get(num_key), rnd.get(den_key)
+    return None if num is None or den is None else num["us"] / den["us"]
+
+
+def judge(bench_rounds, peer_files=(), statistic="median"):
+    """Verdicts for every target and shape in the bench rounds (a list of read_bench_csv results) and the peer
+    CSVs (read_peer_csv results; their times are summarised over the files before the ratio)."""
+    if not bench_rounds:
+        raise TargetsInputError("no bench CSV given")
+    summarise = STATISTICS[statistic]
+    order = list(SHAPE_RECURRENCE)
+    shapes = sorted({k[0] for rnd in bench_rounds for k in rnd},
+                    key=lambda s: (order.index(s) if s in order else len(order), s))
+    batches = sorted({k[2] for rnd in bench_rounds for k in rnd})
+    verdicts = []
+
+    def add(shape, target, batch, relation, limit, value_of_round):
+        v = Verdict(shape, target, batch, relation, limit)
+        v.per_round = [x for x in (value_of_round(rnd) for rnd in bench_rounds) if x is not None]
+        if v.per_round:
+            v.value = summarise(v.per_round)
+        verdicts.append(v)
+
+    B = TARGET_BATCH
+    for s in shapes:
+        recurrence = SHAPE_RECURRENCE.get(s)
+        pct = lambda rnd, s=s: rnd[(s, CONVENTIONAL, B)]["pct_copy"] if (s, CONVENTIONAL, B) in rnd else None
+        add(s, "conventional FP32, % of copy", B, ">=", 92.0, pct)
+        stag = lambda b, s=s: (lambda rnd: _ratio(rnd, (s, CONVENTIONAL, b), (s, STAGGERED, b)))
+        add(s, "staggered step, x conventional", B, ">=", 1.75 if s == "nemotron-3-super" else 1.6, stag(B))
+        add(s, "staggered step, x conventional", 32, ">=", 1.25, stag(32))
+        for b in batches:
+            if b >= 8 and b not in (32, B):
+                add(s, "staggered step, x conventional", b, ">=", 1.0, stag(b))
+        add(s, "flush step, conventional steps", B, "<=", 1.1,
+            lambda rnd, s=s: _ratio(rnd, (s, FLUSH, B), (s, CONVENTIONAL, B)))
+        for name, (kernel, limit) in LP_READS.items():
+            add(s, f"{name} read, x FP32 read", B, ">=", limit,
+                lambda rnd, s=s, kernel=kernel: _ratio(rnd, (s, NONFLUSH, B), (s, kernel, B)))
+        if recurrence in ("Mamba-2", "GDN"):
+            for name, (kernel, limit) in VERIFY.items():
+                add(s, f"verification {name}, conventional steps", B, "<=", limit,
+                    lambda rnd, s=s, kernel=kernel: _ratio(rnd, (s, kernel, B), (s, CONVENTIONAL, B)))
+
+    # Peers: times summarised over their files, ours (the staggered step) over the rounds.
+    peer_us = {}
+    for rows in peer_files:
+        for k, r in rows.items():
+            peer_us.setdefault(k, []).append(r["us"])
+    ours = {}
+    for rnd in bench_rounds:
+        for (m, kern, b), r in rnd.items():
+            if kern == STAGGERED:
+                ours.setdefault((m, b), []).append(r["us"])
+    for (m, kern, b), times in sorted(peer_us.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        relation, limit = (">=", VLLM_MIN_RATIO) if kern == VLLM_REPLAY and b >= 32 else (">", 1.0)
+        v = Verdict(m, f"{kern}, x our staggered step", b, relation, limit)
+        if (m, b) in ours:  # else not measured: the bench did not run this shape at this B
+            v.value = summarise(times) / summarise(ours[(m, b)])
+            v.per_round = [v.value]
+        verdicts.append(v)
+    return verdicts
+
+
+def format_markdown(verdicts):
+    lines = ["| shape | target | B | value | needs | verdict |", "|---|---|---|---|---|---|"]
+    for v in verdicts:
+        value = f"{v.value:.3f}" if v.measured else "-"
+        spread = f" ({min(v.per_round):.3f}-{max(v.per_round):.3f})" if len(v.per_round) > 1 else ""
+        lines.append(f"| {v.shape} | {v.target} | {v.batch} | {value}{spread} | {v.relation} {v.limit:g} | {v.status} |")
+    counts = {s: sum(v.status == s for v in verdicts) for s in ("met", "missed", "not measured")}
+    lines.append("")
+    lines.append(f"{counts['met']} met, {counts['missed']} missed, {counts['not measured']} not measured "
+                 f"(of {len(verdicts)})")
+    return "\n".join(lines) + "\n"
+
+
+def csv_rows(verdicts):
+    return [[v.shape, v.target, v.batch, f"{v.value:.6g}" if v.measured else "", v.relation, f"{v.limit:g}",
+             len(v.per_round), v.status] for v in verdicts]
+
+
+CSV_HEADER = ["model", "target", "batch", "value", "relation", "limit", "rounds", "status"]
