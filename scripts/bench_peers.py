@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Outside peers of `replayssm bench` that implement this paper upstream, imported from the wheels' files
 that scripts/fetch_peers.sh extracts, validated against a float64 evaluation of the recurrence on the same
-inputs, then timed with triton.testing.do_bench (median):
+inputs, then timed (median; --timer, replayssm_py/peer_timing.py):
   vllm        vLLM's Mamba-2 decode kernels (the tuned conventional `selective_state_update` and
               `selective_state_update_replayssm_output_only`); python/replayssm_py/peers_vllm.py.
   flashinfer  FlashInfer's ReplaySSM Mamba-2 kernel `checkpointing_ssu` (monolithic and two-kernel),
@@ -15,6 +15,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))  # this checkout's package
 from replayssm_py import peers_flashinfer, peers_vllm  # noqa: E402
 from replayssm_py.files import output_refusal, write_csv_atomically  # noqa: E402
+from replayssm_py.peer_timing import TIMERS  # noqa: E402
 from replayssm_py.peers_vllm import MAMBA2_SHAPES, run_vllm_bench  # noqa: E402
 
 
@@ -29,6 +30,9 @@ def main(argv=None):
     ap.add_argument("--shapes", nargs="+", default=list(MAMBA2_SHAPES), choices=list(MAMBA2_SHAPES))
     ap.add_argument("--batch", type=int, nargs="+", default=[32, 256])
     ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--timer", choices=TIMERS, default="events",
+                    help="events: do_bench around each Python launch; graph: the calls captured in a CUDA graph, without "
+                         "the host's launch path (replayssm_py/peer_timing.py)")
     ap.add_argument("--csv", default=None, help="also write the times as CSV (atomically, at the end)")
     ap.add_argument("--force", action="store_true", help="replace --csv if it exists (never done without it)")
     args = ap.parse_args(argv)
@@ -48,10 +52,10 @@ def main(argv=None):
     rows = []
     try:
         if "vllm" in peers:
-            rows += run_vllm_bench(args.vllm, args.shapes, args.batch, args.window, log=log)
+            rows += run_vllm_bench(args.vllm, args.shapes, args.batch, args.window, log=log, timer=args.timer)
         if "flashinfer" in peers:
             rows += peers_flashinfer.run_flashinfer_bench(args.flashinfer, args.shapes, args.batch, args.window, log=log,
-                                                          algorithms=tuple(args.flashinfer_algorithm))
+                                                          algorithms=tuple(args.flashinfer_algorithm), timer=args.timer)
     except FileNotFoundError as e:  # the peer's files were not fetched (or not built): say so, not a traceback
         print(f"bench_peers.py: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """flash-linear-attention's Triton decode kernels on the paper's shapes, the outside peer of
 `replayssm bench` (scripts/bench_fla.py is the command): one decode step (T = 1), FP32 state read and
-written, timed with triton.testing.do_bench (median); bytes = state read + state written, as in the
+written, timed by peer_timing.time_peer_us (median; `timer`); bytes = state read + state written, as in the
 C++ bench. Needs the `bench` extra (torch, triton, flash-linear-attention) and a CUDA GPU.
 
   GDN shapes:     fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule (GQA: H key heads, HV value heads)
@@ -8,6 +8,7 @@ C++ bench. Needs the `bench` extra (torch, triton, flash-linear-attention) and a
                   queries expanded to the value heads, as that kernel has no GQA)
 """
 from .files import write_csv_atomically
+from .peer_timing import time_peer_us
 
 SHAPES = {  # name: (kind, key heads, value heads, dk, dv)   REPLAYSSM.md section 8
     "nemotron-3-nano-4b": ("mamba2", 8, 96, 128, 80),
@@ -18,7 +19,7 @@ SHAPES = {  # name: (kind, key heads, value heads, dk, dv)   REPLAYSSM.md sectio
 DEFAULT_BATCHES = (1, 8, 32, 128, 256, 512)
 
 
-def run_fla_bench(batches=DEFAULT_BATCHES, csv_path=None, log=print):
+def run_fla_bench(batches=DEFAULT_BATCHES, csv_path=None, log=print, timer="events"):
     """Times every shape at every batch size; prints a Markdown table through log and returns the rows
     (model, kernel, batch, us per step, bytes per step), also written to csv_path when given."""
     import fla
@@ -33,7 +34,7 @@ def run_fla_bench(batches=DEFAULT_BATCHES, csv_path=None, log=print):
     dev = "cuda"
     rows = []
     log(f"# flash-linear-attention {getattr(fla, '__version__', '?')}, torch {torch.__version__}, "
-        f"triton {triton.__version__}, {torch.cuda.get_device_name()}")
+        f"triton {triton.__version__}, {torch.cuda.get_device_name()}; timer: {timer}")
     log("| model | kernel | B | us/step | MB/step | GB/s |")
     log("|---|---|---|---|---|---|")
     for name, (kind, G, H, dk, dv) in SHAPES.items():
@@ -59,7 +60,7 @@ def run_fla_bench(batches=DEFAULT_BATCHES, csv_path=None, log=print):
                 label = "fla fused_recurrent_simple_gla"
             fn()
             torch.cuda.synchronize()
-            us = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1000
+            us = time_peer_us(fn, timer, rep_ms=100)
             bytes_ = 2 * state.numel() * 4
             rows.append((name, label, B, us, bytes_))
             log(f"| {name} | {label} | {B} | {us:.2f} | {bytes_ / 1e6:.2f} | {bytes_ / (us * 1e-6) / 1e9:.0f} |")

@@ -79,6 +79,7 @@ import pathlib
 import shutil
 import sys
 
+from .peer_timing import time_peer_us
 from .peers_vllm import MAMBA2_SHAPES, Mamba2Inputs, _excess, _stub
 
 VERSION = "0.7.2"
@@ -258,7 +259,7 @@ class FlashInferInputs:
 
 
 def run_flashinfer_bench(root, shapes=("nemotron-3-nano-4b", "nemotron-3-super"), batches=(32, 256), window=16,
-                         log=print, algorithms=ALGORITHMS):
+                         log=print, algorithms=ALGORITHMS, timer="events"):
     """Validates, then times, FlashInfer's checkpointing_ssu (FP32 state, staggered windows, T = 1) with
     each algorithm ("monolith", "two-kernel"); returns rows (model, kernel, batch, us per step)."""
     root = pathlib.Path(root)
@@ -281,7 +282,7 @@ def run_flashinfer_bench(root, shapes=("nemotron-3-nano-4b", "nemotron-3-super")
                                     f"no headers to compile it; run scripts/fetch_peers.sh")
     log(f"# FlashInfer {version} checkpointing_ssu (from the wheel's files), torch {torch.__version__}, "
         f"triton {triton.__version__}, {torch.cuda.get_device_name()}; L = {window} (max_window, ring of L + 1), "
-        f"T = 1, FP32 state, outputs bf16")
+        f"T = 1, FP32 state, outputs bf16; timer: {timer}")
     log("| model | kernel | B | us/step | check: outputs, flushed states: max |d| / (tol (rms + |ref|)) |")
     log("|---|---|---|---|---|")
     rows = []
@@ -329,7 +330,7 @@ def run_flashinfer_bench(root, shapes=("nemotron-3-nano-4b", "nemotron-3-super")
                 fn = lambda: step(algorithm)  # noqa: E731
                 fn()
                 torch.cuda.synchronize()
-                us = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1000
+                us = time_peer_us(fn, timer)
                 rows.append((name, label, B, us))
                 log(f"| {name} | {label} | {B} | {us:.2f} | {ex_y:.3f}, {ex_s:.3f} |")
     return rows

@@ -21,6 +21,7 @@ import re
 import sys
 import types
 
+from .peer_timing import time_peer_us
 from .peers_fla import SHAPES
 
 # The Mamba-2 shapes of the peers' table: name -> (key heads = ngroups, value heads, dstate = dk, headdim = dv).
@@ -185,15 +186,17 @@ def _excess(got, want, tol):
     return float(torch.nan_to_num(e, nan=math.inf).max())
 
 
-def run_vllm_bench(root, shapes=("nemotron-3-nano-4b", "nemotron-3-super"), batches=(32, 256), window=16, log=print):
+def run_vllm_bench(root, shapes=("nemotron-3-nano-4b", "nemotron-3-super"), batches=(32, 256), window=16, log=print,
+                   timer="events"):
     """Validates, then times, vLLM's conventional and ReplaySSM Mamba-2 decode kernels (FP32 state,
-    staggered windows); returns rows (model, kernel, batch, us per step)."""
+    staggered windows; `timer`: peer_timing.TIMERS); returns rows (model, kernel, batch, us per step)."""
     ssu, ssu_replay, version = load_vllm_mamba_ops(root)  # first: a missing extract is reported before torch loads
     import torch
     import triton
 
     log(f"# vLLM {version} Mamba-2 decode kernels (from the wheel's files), torch {torch.__version__}, "
-        f"triton {triton.__version__}, {torch.cuda.get_device_name()}; L = {window}, FP32 state, outputs bf16")
+        f"triton {triton.__version__}, {torch.cuda.get_device_name()}; L = {window}, FP32 state, outputs bf16; "
+        f"timer: {timer}")
     log("| model | kernel | B | us/step | check: max |d| / (tol (rms + |ref|)) |")
     log("|---|---|---|---|---|")
     rows = []
@@ -235,7 +238,7 @@ def run_vllm_bench(root, shapes=("nemotron-3-nano-4b", "nemotron-3-super"), batc
                                   ("vllm replayssm_output_only (staggered)", replay, max(ex_ry, ex_rs))):
                 fn()
                 torch.cuda.synchronize()
-                us = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1000
+                us = time_peer_us(fn, timer)
                 rows.append((name, label, B, us))
                 log(f"| {name} | {label} | {B} | {us:.2f} | {ex:.3f} |")
     return rows
