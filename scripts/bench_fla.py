@@ -19,7 +19,9 @@ from replayssm_py.peers_fla import DEFAULT_BATCHES, run_fla_bench  # noqa: E402
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES))
-    ap.add_argument("--timer", choices=TIMERS, default="events", help="replayssm_py/peer_timing.py")
+    ap.add_argument("--timer", choices=TIMERS, default="events",
+                    help="events (default, as every fla run so far; it counts the host's launch path into short "
+                         "kernels) or graph (not yet run with fla); replayssm_py/peer_timing.py")
     ap.add_argument("--csv", default=None, help="also write the times as CSV (atomically, at the end)")
     ap.add_argument("--force", action="store_true", help="replace --csv if it exists (never done without it)")
     args = ap.parse_args(argv)

@@ -30,9 +30,10 @@ def main(argv=None):
     ap.add_argument("--shapes", nargs="+", default=list(MAMBA2_SHAPES), choices=list(MAMBA2_SHAPES))
     ap.add_argument("--batch", type=int, nargs="+", default=[32, 256])
     ap.add_argument("--window", type=int, default=16)
-    ap.add_argument("--timer", choices=TIMERS, default="events",
-                    help="events: do_bench around each Python launch; graph: the calls captured in a CUDA graph, without "
-                         "the host's launch path (replayssm_py/peer_timing.py)")
+    ap.add_argument("--timer", choices=TIMERS, default="graph",
+                    help="graph (default): the calls captured in a CUDA graph, without the host's launch path; events: "
+                         "do_bench around each Python launch, which counted vLLM's Python launch path into its "
+                         "small-B times (replayssm_py/peer_timing.py)")
     ap.add_argument("--csv", default=None, help="also write the times as CSV (atomically, at the end)")
     ap.add_argument("--force", action="store_true", help="replace --csv if it exists (never done without it)")
     args = ap.parse_args(argv)

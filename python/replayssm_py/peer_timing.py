@@ -2,9 +2,13 @@
 
   events  triton.testing.do_bench: each call bracketed by CUDA events around its Python launch, after an L2 flush.
           A kernel shorter than its host-side launch path (Python wrapper, Triton launcher) is timed with the host's
-          gaps in it; session 26 measured vLLM's ReplaySSM kernel at B = 32 at 76 and 259 us on two H100 hosts.
+          gaps in it. On one H100 (session 26, experiments/bench/decode_2026-12-06/session26/call4/) vLLM's ReplaySSM
+          kernel on Nemotron-3-Super took 99.4 us at B = 32 under events and 54.7 us under graph; at B = 256,
+          409.2 and 398.2 us.
   graph   triton.testing.do_bench_cudagraph: the calls captured back to back in one CUDA graph and replayed, as a
-          serving loop runs its decode steps; no host launch in the timed region, and no L2 flush between calls.
+          serving loop runs its decode steps; no host launch in the timed region, and no L2 flush between calls
+          (a state smaller than a few times L2 may then be partly read from it: `replayssm bench` rotates state
+          copies at small B so that each of its steps reads DRAM).
 
 `replayssm bench` brackets each of its own steps with CUDA events from C++, whose launch path is a few
 microseconds; "graph" takes the host out of a peer's time altogether, so it favours the peer by about that much

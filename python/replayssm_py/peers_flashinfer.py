@@ -259,7 +259,7 @@ class FlashInferInputs:
 
 
 def run_flashinfer_bench(root, shapes=("nemotron-3-nano-4b", "nemotron-3-super"), batches=(32, 256), window=16,
-                         log=print, algorithms=ALGORITHMS, timer="events"):
+                         log=print, algorithms=ALGORITHMS, timer="graph"):
     """Validates, then times, FlashInfer's checkpointing_ssu (FP32 state, staggered windows, T = 1) with
     each algorithm ("monolith", "two-kernel"); returns rows (model, kernel, batch, us per step)."""
     root = pathlib.Path(root)

@@ -187,7 +187,7 @@ def _excess(got, want, tol):
 
 
 def run_vllm_bench(root, shapes=("nemotron-3-nano-4b", "nemotron-3-super"), batches=(32, 256), window=16, log=print,
-                   timer="events"):
+                   timer="graph"):
     """Validates, then times, vLLM's conventional and ReplaySSM Mamba-2 decode kernels (FP32 state,
     staggered windows; `timer`: peer_timing.TIMERS); returns rows (model, kernel, batch, us per step)."""
     ssu, ssu_replay, version = load_vllm_mamba_ops(root)  # first: a missing extract is reported before torch loads

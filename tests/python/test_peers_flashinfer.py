@@ -134,3 +134,14 @@ def test_peers_extract_loads_behind_stubs():
         if not aot.is_file():
             pytest.skip(f"{aot}: not prebuilt")
         assert pathlib.Path(jit["env"].get_aot_path(uri)) == aot
+
+
+def test_peer_timer_is_checked_before_any_gpu_work():
+    """An unknown timer is refused by name before torch or triton load (the device run must not start wrong)."""
+    from replayssm_py.peer_timing import TIMERS, time_peer_us
+    with pytest.raises(ValueError, match=r"timer must be one of \('events', 'graph'\) \(got 'wall'\)"):
+        time_peer_us(lambda: None, "wall")
+    assert TIMERS == ("events", "graph")
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_peers.py"), "--timer", "wall"],
+                       capture_output=True, text=True, env=checkout_env())
+    assert r.returncode == 2 and "--timer: invalid choice: 'wall'" in r.stderr, r.stderr
