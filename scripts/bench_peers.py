@@ -61,7 +61,9 @@ def main(argv=None):
         print(f"bench_peers.py: {e}", file=sys.stderr)
         return 2
     if args.csv:
-        write_csv_atomically(args.csv, ["model", "kernel", "batch", "us_per_step"], rows)
+        # The timer travels with the times: scripts/decode_targets.py marks event-timed peers.
+        write_csv_atomically(args.csv, ["model", "kernel", "batch", "us_per_step", "timer"],
+                             [(*row, args.timer) for row in rows])
     return 0
 
 

@@ -14,6 +14,7 @@ The targets (FP32 state, L = 16, B = 256 unless a row names another B; docs/BENC
   verification, T drafts              <= 1.1 conventional steps without a flush, <= 1.5 with one (Mamba-2, GDN)
   vLLM's ReplaySSM kernel             its staggered step >= 1.3x ours, Mamba-2 shapes, every B >= 32 measured
   every other peer                    its time > ours (our staggered step), wherever both ran
+A peer's verdict names its timer ([events] or [graph]; peer CSVs without a timer column are events-timed).
 """
 import csv
 import lzma
@@ -43,6 +44,9 @@ VERIFY = {"no flush": ("verify output-only (no flush)", 1.1), "with a flush": ("
 VLLM_REPLAY = "vllm replayssm_output_only (staggered)"
 VLLM_MIN_RATIO = 1.3
 
+# Peer CSVs before session 26 have no timer column; every one of them was timed with events.
+PEER_TIMERS = ("events", "graph")
+DEFAULT_PEER_TIMER = "events"
 BENCH_FIELDS = ("model", "kernel", "batch", "us_per_step", "pct_copy")
 PEER_FIELDS = ("model", "kernel", "batch", "us_per_step")
 STATISTICS = {"median": statistics.median, "min": min, "max": max}
@@ -56,7 +60,7 @@ def _open(path):
     return lzma.open(path, "rt", newline="") if str(path).endswith(".xz") else open(path, newline="")
 
 
-def _read_rows(path, fields):
+def _read_rows(path, fields, default_timer=None):
     """{(model, kernel, batch): row} of one CSV, every field checked: positive finite times, integer batches."""
     rows = {}
     try:
@@ -84,6 +88,12 @@ def _read_rows(path, fields):
                                             "(one file is one round)")
                 rows[key] = {"us": number("us_per_step"),
                              "pct_copy": number("pct_copy") if "pct_copy" in fields else None}
+                if "pct_copy" not in fields:  # a peer: how it was timed (peer_timing.TIMERS)
+                    timer = r.get("timer") or default_timer
+                    if timer not in PEER_TIMERS:
+                        raise TargetsInputError(f"{path}: line {n}: field 'timer': expected one of "
+                                                f"{', '.join(PEER_TIMERS)}, got {timer!r}")
+                    rows[key]["timer"] = timer
     except OSError as e:
         raise TargetsInputError(f"{path}: cannot read ({e.strerror or e})") from e
     except (lzma.LZMAError, UnicodeDecodeError, csv.Error) as e:
@@ -97,8 +107,11 @@ def read_bench_csv(path):
     return _read_rows(path, BENCH_FIELDS)
 
 
-def read_peer_csv(path):
-    return _read_rows(path, PEER_FIELDS)
+def read_peer_csv(path, default_timer=DEFAULT_PEER_TIMER):
+    """default_timer: the timer of a CSV without a timer column (session 26's call 4 wrote graph-timed ones)."""
+    if default_timer not in PEER_TIMERS:
+        raise TargetsInputError(f"{path}: unknown peer timer {default_timer!r} (expected one of {', '.join(PEER_TIMERS)})")
+    return _read_rows(path, PEER_FIELDS, default_timer)
 
 
 @dataclass
@@ -174,15 +187,15 @@ def judge(bench_rounds, peer_files=(), statistic="median"):
     # Peers: times summarised over their files, ours (the staggered step) over the rounds.
     peer_us = {}
     for rows in peer_files:
-        for k, r in rows.items():
-            peer_us.setdefault(k, []).append(r["us"])
+        for (m, kern, b), r in rows.items():
+            peer_us.setdefault((m, f"{kern} [{r.get('timer', DEFAULT_PEER_TIMER)}]", b), []).append(r["us"])
     ours = {}
     for rnd in bench_rounds:
         for (m, kern, b), r in rnd.items():
             if kern == STAGGERED:
                 ours.setdefault((m, b), []).append(r["us"])
     for (m, kern, b), times in sorted(peer_us.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
-        relation, limit = (">=", VLLM_MIN_RATIO) if kern == VLLM_REPLAY and b >= 32 else (">", 1.0)
+        relation, limit = (">=", VLLM_MIN_RATIO) if kern.startswith(VLLM_REPLAY + " [") and b >= 32 else (">", 1.0)
         v = Verdict(m, f"{kern}, x our staggered step", b, relation, limit)
         if (m, b) in ours:  # else not measured: the bench did not run this shape at this B
             v.value = summarise(times) / summarise(ours[(m, b)])
@@ -199,6 +212,9 @@ def format_markdown(verdicts):
         lines.append(f"| {v.shape} | {v.target} | {v.batch} | {value}{spread} | {v.relation} {v.limit:g} | {v.status} |")
     counts = {s: sum(v.status == s for v in verdicts) for s in ("met", "missed", "not measured")}
     lines.append("")
+    if any(v.target.endswith("[events], x our staggered step") for v in verdicts):
+        lines.append("Peers marked [events] were timed with CUDA events around each Python call, which counts the host's "
+                     "launch path into short kernels (replayssm_py/peer_timing.py); [graph] peers were not.")
     lines.append(f"{counts['met']} met, {counts['missed']} missed, {counts['not measured']} not measured "
                  f"(of {len(verdicts)})")
     return "\n".join(lines) + "\n"

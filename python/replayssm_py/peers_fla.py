@@ -65,5 +65,6 @@ def run_fla_bench(batches=DEFAULT_BATCHES, csv_path=None, log=print, timer="even
             rows.append((name, label, B, us, bytes_))
             log(f"| {name} | {label} | {B} | {us:.2f} | {bytes_ / 1e6:.2f} | {bytes_ / (us * 1e-6) / 1e9:.0f} |")
     if csv_path:  # the caller checked it before the run (scripts/bench_fla.py: files.output_refusal)
-        write_csv_atomically(csv_path, ["model", "kernel", "batch", "us_per_step", "bytes_per_step"], rows)
+        write_csv_atomically(csv_path, ["model", "kernel", "batch", "us_per_step", "bytes_per_step", "timer"],
+                             [(*row, timer) for row in rows])
     return rows

@@ -210,3 +210,25 @@ def test_shape_recurrences_match_the_cli():
         assert r.returncode == 0, r.stderr
         first = r.stdout.splitlines()[0]
         assert re.search(rf"\({re.escape(shape)}\): {re.escape(recurrence)},", first), first
+
+
+def test_peer_csvs_carry_their_timer(tmp_path):
+    """bench_peers.py writes a timer column; a CSV without one (every run before session 26) is events-timed."""
+    rng = random.Random(SEED + 3)
+    ours = rng.uniform(50, 400)
+    bench = {("nemotron-3-super", dt.STAGGERED, 64): {"us": ours, "pct_copy": 90.0}}
+    peer_row = ["nemotron-3-super", dt.VLLM_REPLAY, "64", f"{ours * 1.2:.6f}"]
+    old = write_csv(tmp_path / "old.csv", ["model", "kernel", "batch", "us_per_step"], [peer_row])
+    new = write_csv(tmp_path / "new.csv", ["model", "kernel", "batch", "us_per_step", "timer"], [peer_row + ["graph"]])
+    v = dt.judge([bench], [dt.read_peer_csv(old), dt.read_peer_csv(new)])
+    assert [x.target for x in v if "vllm" in x.target] == [f"{dt.VLLM_REPLAY} [events], x our staggered step",
+                                                           f"{dt.VLLM_REPLAY} [graph], x our staggered step"]
+    assert all(x.limit == dt.VLLM_MIN_RATIO and x.status == "missed" for x in v if "vllm" in x.target)
+    assert "[events] were timed with CUDA events" in dt.format_markdown(v)
+    bad = write_csv(tmp_path / "bad.csv", ["model", "kernel", "batch", "us_per_step", "timer"], [peer_row + ["wall"]])
+    with pytest.raises(dt.TargetsInputError, match=r"line 2: field 'timer': expected one of events, graph, got 'wall'"):
+        dt.read_peer_csv(bad)
+    # A CSV without the column can be declared graph-timed (session 26's call 4 wrote such files).
+    assert dt.read_peer_csv(old, "graph")[("nemotron-3-super", dt.VLLM_REPLAY, 64)]["timer"] == "graph"
+    with pytest.raises(dt.TargetsInputError, match="unknown peer timer 'wall'"):
+        dt.read_peer_csv(old, "wall")
