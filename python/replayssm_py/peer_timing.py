@@ -7,12 +7,13 @@
           409.2 and 398.2 us.
   graph   triton.testing.do_bench_cudagraph: the calls captured back to back in one CUDA graph and replayed, as a
           serving loop runs its decode steps; no host launch in the timed region, and no L2 flush between calls
-          (a state smaller than a few times L2 may then be partly read from it: `replayssm bench` rotates state
-          copies at small B so that each of its steps reads DRAM).
+          (a state smaller than a few times L2 may then be partly read from it, as in `replayssm bench`'s staggered
+          row, which reads one state copy through the L steps of a sample).
 
-`replayssm bench` brackets each of its own steps with CUDA events from C++, whose launch path is a few
-microseconds; "graph" takes the host out of a peer's time altogether, so it favours the peer by about that much
-and a ratio "peer / ours" under it is conservative. "events" stays for comparison with the earlier runs.
+`replayssm bench` brackets each of its own samples with CUDA events from C++, whose launch path is a few
+microseconds and, in the staggered row, overlaps the previous step's kernels; "graph" takes the host out of a peer's
+time altogether, so a ratio "peer / ours" under it does not favour ours. "events" stays for comparison with the
+earlier runs.
 """
 TIMERS = ("events", "graph")
 
