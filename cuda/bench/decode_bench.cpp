@@ -2,7 +2,8 @@
 // events (warm-up, median of repeats) and reports bytes moved, GB/s, the share of the device-to-
 // device copy bandwidth measured in the same run, and the speed-up over the conventional kernel
 // measured in the same run. States are larger than the L2 cache for B >= 32; for small B the state
-// buffers rotate among copies so that every timed step reads DRAM, not L2.
+// buffers rotate among copies between timed samples, so that a sample starts from DRAM, not L2 (the
+// staggered row's sample is a window of L steps on one copy, as a serving loop re-reads its checkpoints).
 #include "bench/decode_bench.h"
 
 #include <algorithm>
