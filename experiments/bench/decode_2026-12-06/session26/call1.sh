@@ -13,9 +13,10 @@ TOTAL_ALL=${TOTAL:-420}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 echo "card: $gpu"
 # call4.sh ends with pack_results; hold that back until the peers have run.
-sed 's/^pack_results$//' experiments/bench/decode_2026-12-06/session25/call4.sh > /tmp/call4_body.sh
+body=$(mktemp)
+sed 's/^pack_results$//' experiments/bench/decode_2026-12-06/session25/call4.sh > "$body"
 TOTAL=$((TOTAL_ALL > 330 ? 330 : TOTAL_ALL))
-source /tmp/call4_body.sh
+source "$body"
 t0=$SECONDS
 [ $((TOTAL_ALL - SECONDS)) -gt 100 ] && { LD_LIBRARY_PATH=$(lib lib_land) timeout 120 $B/replayssm-bench bench \
   --shapes nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b kimi-linear-48b-a3b --batch 8 16 64 128 \
