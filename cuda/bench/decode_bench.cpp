@@ -7,6 +7,7 @@
 #include "bench/decode_bench.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -104,17 +105,60 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// BenchOptions::Timer::queued: before each sample's first event the stream gets the hold kernel
+// (bench_fill.h), which spins until the host has queued the sample's work and its closing event. The
+// events then bracket the GPU's work alone, as the peers' CUDA-graph timer does (replayssm_py/
+// peer_timing.py); under Timer::events a one-step sample also counted the host's launch calls, several
+// microseconds that mattered at small B. A hold that ends by its timeout means the host blocked in the
+// timed region (a synchronous call there): the sample would be wrong, so the bench stops.
+class QueuedTimer {
+ public:
+  QueuedTimer() {
+    REPLAYSSM_CUDA_CHECK(cudaHostAlloc(&flags_, 2 * sizeof(int), cudaHostAllocMapped));
+    REPLAYSSM_CUDA_CHECK(cudaHostGetDevicePointer(&device_flags_, flags_, 0));
+  }
+  ~QueuedTimer() { cudaFreeHost(flags_); }
+  QueuedTimer(const QueuedTimer&) = delete;
+  void hold() {
+    release()->store(0, std::memory_order_seq_cst);
+    flags_[1] = 0;
+    launch_hold(device_flags_, device_flags_ + 1, kTimeoutNs);
+  }
+  void release_hold() { release()->store(1, std::memory_order_seq_cst); }
+  void check_not_timed_out() const {  // after the sample's closing event has completed
+    if (reinterpret_cast<const volatile int*>(flags_)[1] != 0)
+      throw std::runtime_error(fmt::format(
+          "bench: the host took longer than {} ms to queue one timed sample (a synchronous CUDA call in the timed "
+          "region?); its time would include the host, so the run stops",
+          kTimeoutNs / 1000000));
+  }
+  static QueuedTimer*& current() {  // set while run_decode_bench runs with Timer::queued
+    static QueuedTimer* timer = nullptr;
+    return timer;
+  }
+
+ private:
+  static constexpr uint64_t kTimeoutNs = 200'000'000;
+  std::atomic<int>* release() { return reinterpret_cast<std::atomic<int>*>(flags_); }
+  int* flags_ = nullptr;  // [0]: release, [1]: timed out
+  int* device_flags_ = nullptr;
+};
+
 // Median time in microseconds of `timed`, with `prepare` run before each repetition outside the
 // timed region.
 double time_us(int repeats, const std::function<void()>& timed, const std::function<void()>& prepare = {}) {
   Events ev;
+  QueuedTimer* queued = QueuedTimer::current();
   std::vector<double> samples;
   for (int i = 0; i < repeats + 3; ++i) {
     if (prepare) prepare();
+    if (queued) queued->hold();
     REPLAYSSM_CUDA_CHECK(cudaEventRecord(ev.a));
     timed();
     REPLAYSSM_CUDA_CHECK(cudaEventRecord(ev.b));
+    if (queued) queued->release_hold();
     REPLAYSSM_CUDA_CHECK(cudaEventSynchronize(ev.b));
+    if (queued) queued->check_not_timed_out();
     float ms = 0;
     REPLAYSSM_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.a, ev.b));
     if (i >= 3) samples.push_back(1000.0 * ms);
@@ -455,7 +499,7 @@ template <class Decoder>
 using DecoderGrid = std::vector<std::vector<std::unique_ptr<Decoder>>>;
 
 void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m, const std::vector<int>& windows,
-                   const std::vector<int>& drafts, int heads_per_block, bool flush_lists) {
+                   const std::vector<int>& drafts, int heads_per_block, int l2_prefetch_kib, bool flush_lists) {
   const DecodeShape& s = ws.s;
   const ssm::HeadGroupShape group{kind, s.dk, s.dv, s.value_heads / s.key_heads};
   KernelCheck check(ws, std::string(m.short_name));
@@ -495,6 +539,7 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
       ReplayConfig cfg;
       cfg.window = L;
       cfg.heads_per_block = heads_per_block;
+      cfg.l2_prefetch_kib = l2_prefetch_kib;
       cfg.recur = ws.fp32_state(0);
       if (read != StorageFormat::fp32) cfg.read = ws.lowp_state(read, 0);
       DeviceRecords rec = ws.records();
@@ -530,6 +575,7 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
       ReplayConfig cfg;
       cfg.window = L;
       cfg.heads_per_block = heads_per_block;
+      cfg.l2_prefetch_kib = l2_prefetch_kib;
       cfg.recur = ws.fp32_state(0);
       if (split) cfg.read = ws.lowp_state(StorageFormat::nvfp4, 0);
       if (policy.read.rounding == formats::Rounding::ef) {
@@ -905,13 +951,15 @@ std::vector<Row> scheme_table(const BenchOptions& o, DeviceArena& arena, double 
 // skip=auto, 50% skip ..."): written bare until 2026-12-05, those rows had one field more than the header,
 // and a CSV reader shifted their later columns by one. Written atomically (io/atomic_file.h); the CLI has
 // refused an existing file without --force before any GPU work.
-void write_csv(const std::string& path, const std::vector<Row>& rows, double copy_gbps, bool force) {
+void write_csv(const std::string& path, const std::vector<Row>& rows, double copy_gbps, BenchOptions::Timer timer, bool force) {
   if (path.empty()) return;
   std::ostringstream csv;
-  csv << "model,kernel,batch,param,us_per_step,bytes_per_step,gbps,pct_copy,speedup_vs_reference,copy_gbps\n";
+  csv << "model,kernel,batch,param,us_per_step,bytes_per_step,gbps,pct_copy,speedup_vs_reference,copy_gbps,timer\n";
+  const char* timer_name = timer == BenchOptions::Timer::queued ? "queued" : "events";
   for (const Row& r : rows)
-    csv << fmt::format("{},{},{},{},{:.3f},{:.0f},{:.1f},{:.2f},{:.4f},{:.1f}\n", io::csv_text(r.model),
-                       io::csv_text(r.kernel), r.batch, r.param, r.us, r.bytes, r.gbps, r.pct_copy, r.speedup, copy_gbps);
+    csv << fmt::format("{},{},{},{},{:.3f},{:.0f},{:.1f},{:.2f},{:.4f},{:.1f},{}\n", io::csv_text(r.model),
+                       io::csv_text(r.kernel), r.batch, r.param, r.us, r.bytes, r.gbps, r.pct_copy, r.speedup, copy_gbps,
+                       timer_name);
   io::AtomicFile out(path, /*replace_existing=*/force);
   out.write(csv.str());
   out.commit();
@@ -946,12 +994,20 @@ void check_bench_options(const BenchOptions& o) {
   if (!std::isfinite(o.arena_gib) || o.arena_gib < 0)
     refuse(fmt::format("--arena-gib must be a finite number >= 0 (got {})", o.arena_gib));
   if (o.heads_per_block < 0) refuse(fmt::format("--heads-per-block must be >= 0 (got {})", o.heads_per_block));
+  if (o.l2_prefetch_kib < 0 || o.l2_prefetch_kib > 4096)
+    refuse(fmt::format("--l2-prefetch-kib must be 0 (none) to 4096 (got {})", o.l2_prefetch_kib));
 }
 
 int run_decode_bench(const BenchOptions& o) {
   check_bench_options(o);  // before any GPU work
   cudaDeviceProp prop{};
   REPLAYSSM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::unique_ptr<QueuedTimer> queued;
+  if (o.timer == BenchOptions::Timer::queued) queued = std::make_unique<QueuedTimer>();
+  QueuedTimer::current() = queued.get();
+  struct ReleaseTimer {
+    ~ReleaseTimer() { QueuedTimer::current() = nullptr; }
+  } release_timer;
   const double copy_gbps = measure_copy_gbps(o.repeats);
   std::size_t free_bytes = 0, total_bytes = 0;
   REPLAYSSM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -968,10 +1024,16 @@ int run_decode_bench(const BenchOptions& o) {
   std::printf("# replayssm bench on %s (%d SMs, L2 %d MB): device-to-device copy %.0f GB/s (read+write)\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbps);
   if (o.heads_per_block > 0) std::printf("# standard replay step: %d value heads per block (--heads-per-block)\n", o.heads_per_block);
+  if (o.l2_prefetch_kib > 0)
+    std::printf("# standard replay step: %d KiB of each non-flush block's checkpoint prefetched to L2 (--l2-prefetch-kib)\n",
+                o.l2_prefetch_kib);
+  std::printf("# timer: %s\n", o.timer == BenchOptions::Timer::queued
+                                    ? "queued (each sample's work queued behind a hold kernel: the events time the GPU alone)"
+                                    : "events (the events also bracket the host's launch calls: --timer events)");
   std::printf("# standard replay steps %s\n", o.flush_lists ? "with ReplayConfig::flush_list (the flushing sequences of each step)"
                                                           : "without a flush list (--no-flush-list: flush blocks on every sequence)");
   if (o.schemes) {  // figure 7 alone
-    write_csv(o.csv_out, scheme_table(o, arena, copy_gbps), copy_gbps, o.force);
+    write_csv(o.csv_out, scheme_table(o, arena, copy_gbps), copy_gbps, o.timer, o.force);
     return 0;
   }
   std::vector<Row> rows;
@@ -994,7 +1056,7 @@ int run_decode_bench(const BenchOptions& o) {
       arena.reset();  // the previous configuration's buffers are gone: start again at the base
       const DecodeShape s{B, m.key_heads, m.value_heads, m.dk, m.dv};
       Workspace ws(kind, s, max_window, max_drafts);
-      if (o.check) check_kernels(kind, ws, m, o.windows, o.drafts, o.heads_per_block, o.flush_lists);
+      if (o.check) check_kernels(kind, ws, m, o.windows, o.drafts, o.heads_per_block, o.l2_prefetch_kib, o.flush_lists);
       const ByteModel bm{s, kind};
       int copy = 0;
       auto next_copy = [&] { copy = (copy + 1) % ws.copies; return copy; };
@@ -1024,6 +1086,7 @@ int run_decode_bench(const BenchOptions& o) {
         ReplayConfig cfg;
         cfg.window = L;
         cfg.heads_per_block = o.heads_per_block;
+        cfg.l2_prefetch_kib = o.l2_prefetch_kib;
         // Whole windows, sequences staggered (h_b = b mod L): every step has B/L flushing sequences.
         const FlushSchedule staggered_lists(kind, B, L, [&](int b) { return b % L; }, o.flush_lists);
         auto run_window = [&](const ReplayConfig& c) {
@@ -1163,7 +1226,7 @@ int run_decode_bench(const BenchOptions& o) {
       }
     }
   }
-  write_csv(o.csv_out, rows, copy_gbps, o.force);
+  write_csv(o.csv_out, rows, copy_gbps, o.timer, o.force);
   return 0;
 }
 

@@ -20,6 +20,8 @@ struct BenchOptions {
   // Value heads per block of the standard replay step (ReplayConfig::heads_per_block; 0: the
   // launcher's choice). Verification keeps the launcher's choice.
   int heads_per_block = 0;
+  // ReplayConfig::l2_prefetch_kib of the standard replay step (0: none).
+  int l2_prefetch_kib = 0;
   // Device memory for the bench's buffers, GiB (0: all that is free but max(1/4, 2 GiB)). Under a
   // profiler that replays kernels (Nsight Compute saves and restores the memory a kernel may write),
   // give a few GiB: one arena the size of the GPU cannot be saved.
@@ -33,6 +35,11 @@ struct BenchOptions {
   // as a serving loop would run them; false: without, the flush kernel covering every sequence, for comparison.
   // GDN's appendix F rows with a read threshold run without either way (the launcher refuses a list there).
   bool flush_lists = true;
+  // How a sample is timed. queued: each sample's work is queued behind a hold kernel before its first event, so
+  // the events bracket the GPU's work alone (as the peers' CUDA-graph timer, scripts/bench_peers.py --timer graph).
+  // events: the events also bracket the host's launch calls, as every run before 2026-12-06 session 27 timed.
+  enum class Timer { queued, events };
+  Timer timer = Timer::queued;
 };
 
 // Refuses options no run can honour, naming the option, what it accepts and the value (std::invalid_argument):

@@ -14,7 +14,9 @@ The targets (FP32 state, L = 16, B = 256 unless a row names another B; docs/BENC
   verification, T drafts              <= 1.1 conventional steps without a flush, <= 1.5 with one (Mamba-2, GDN)
   vLLM's ReplaySSM kernel             its staggered step >= 1.3x ours, Mamba-2 shapes, every B >= 32 measured
   every other peer                    its time > ours (our staggered step), wherever both ran
-A peer's verdict names its timer ([events] or [graph]; peer CSVs without a timer column are events-timed).
+A peer's verdict names its timer ([events] or [graph]; peer CSVs without a timer column are events-timed). The
+bench's CSVs name theirs too (queued or events; without the column: events, every run before session 27), and
+rounds of both timers are not judged together.
 """
 import csv
 import lzma
@@ -47,6 +49,9 @@ VLLM_MIN_RATIO = 1.3
 # Peer CSVs before session 26 have no timer column; every one of them was timed with events.
 PEER_TIMERS = ("events", "graph")
 DEFAULT_PEER_TIMER = "events"
+# The bench's timers (BenchOptions::Timer); CSVs before session 27 have no timer column and were events-timed.
+BENCH_TIMERS = ("queued", "events")
+DEFAULT_BENCH_TIMER = "events"
 BENCH_FIELDS = ("model", "kernel", "batch", "us_per_step", "pct_copy")
 PEER_FIELDS = ("model", "kernel", "batch", "us_per_step")
 STATISTICS = {"median": statistics.median, "min": min, "max": max}
@@ -88,12 +93,13 @@ def _read_rows(path, fields, default_timer=None):
                                             "(one file is one round)")
                 rows[key] = {"us": number("us_per_step"),
                              "pct_copy": number("pct_copy") if "pct_copy" in fields else None}
-                if "pct_copy" not in fields:  # a peer: how it was timed (peer_timing.TIMERS)
-                    timer = r.get("timer") or default_timer
-                    if timer not in PEER_TIMERS:
-                        raise TargetsInputError(f"{path}: line {n}: field 'timer': expected one of "
-                                                f"{', '.join(PEER_TIMERS)}, got {timer!r}")
-                    rows[key]["timer"] = timer
+                # How the row was timed: a peer's (peer_timing.TIMERS) or the bench's (BenchOptions::Timer).
+                timers = PEER_TIMERS if "pct_copy" not in fields else BENCH_TIMERS
+                timer = r.get("timer") or default_timer
+                if timer not in timers:
+                    raise TargetsInputError(f"{path}: line {n}: field 'timer': expected one of "
+                                            f"{', '.join(timers)}, got {timer!r}")
+                rows[key]["timer"] = timer
     except OSError as e:
         raise TargetsInputError(f"{path}: cannot read ({e.strerror or e})") from e
     except (lzma.LZMAError, UnicodeDecodeError, csv.Error) as e:
@@ -104,7 +110,7 @@ def _read_rows(path, fields, default_timer=None):
 
 
 def read_bench_csv(path):
-    return _read_rows(path, BENCH_FIELDS)
+    return _read_rows(path, BENCH_FIELDS, DEFAULT_BENCH_TIMER)
 
 
 def read_peer_csv(path, default_timer=DEFAULT_PEER_TIMER):
@@ -123,6 +129,7 @@ class Verdict:
     limit: float
     per_round: list = field(default_factory=list)  # the value in each round that has the rows
     value: float = math.nan  # summarised over per_round
+    bench_timer: str = DEFAULT_BENCH_TIMER  # how our rows were timed (BENCH_TIMERS)
 
     @property
     def measured(self):
@@ -149,6 +156,11 @@ def judge(bench_rounds, peer_files=(), statistic="median"):
     CSVs (read_peer_csv results; their times are summarised over the files before the ratio)."""
     if not bench_rounds:
         raise TargetsInputError("no bench CSV given")
+    bench_timers = sorted({r.get("timer", DEFAULT_BENCH_TIMER) for rnd in bench_rounds for r in rnd.values()})
+    if len(bench_timers) > 1:
+        raise TargetsInputError(f"the bench CSVs mix timers ({', '.join(bench_timers)}): judge the rounds of one timer "
+                                "together (`replayssm bench --timer`; a CSV without a timer column was events-timed)")
+    bench_timer = bench_timers[0]
     summarise = STATISTICS[statistic]
     order = list(SHAPE_RECURRENCE)
     shapes = sorted({k[0] for rnd in bench_rounds for k in rnd},
@@ -157,7 +169,7 @@ def judge(bench_rounds, peer_files=(), statistic="median"):
     verdicts = []
 
     def add(shape, target, batch, relation, limit, value_of_round):
-        v = Verdict(shape, target, batch, relation, limit)
+        v = Verdict(shape, target, batch, relation, limit, bench_timer=bench_timer)
         v.per_round = [x for x in (value_of_round(rnd) for rnd in bench_rounds) if x is not None]
         if v.per_round:
             v.value = summarise(v.per_round)
@@ -196,7 +208,7 @@ def judge(bench_rounds, peer_files=(), statistic="median"):
                 ours.setdefault((m, b), []).append(r["us"])
     for (m, kern, b), times in sorted(peer_us.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
         relation, limit = (">=", VLLM_MIN_RATIO) if kern.startswith(VLLM_REPLAY + " [") and b >= 32 else (">", 1.0)
-        v = Verdict(m, f"{kern}, x our staggered step", b, relation, limit)
+        v = Verdict(m, f"{kern}, x our staggered step", b, relation, limit, bench_timer=bench_timer)
         if (m, b) in ours:  # else not measured: the bench did not run this shape at this B
             v.value = summarise(times) / summarise(ours[(m, b)])
             v.per_round = [v.value]
@@ -212,6 +224,11 @@ def format_markdown(verdicts):
         lines.append(f"| {v.shape} | {v.target} | {v.batch} | {value}{spread} | {v.relation} {v.limit:g} | {v.status} |")
     counts = {s: sum(v.status == s for v in verdicts) for s in ("met", "missed", "not measured")}
     lines.append("")
+    if verdicts:
+        lines.append(f"Our rows: `replayssm bench --timer {verdicts[0].bench_timer}` "
+                     + ("(each sample queued behind a hold kernel: the GPU's time alone)."
+                        if verdicts[0].bench_timer == "queued" else
+                        "(the events also bracket the host's launch calls; one-step rows include them)."))
     if any(v.target.endswith("[events], x our staggered step") for v in verdicts):
         lines.append("Peers marked [events] were timed with CUDA events around each Python call, which counts the host's "
                      "launch path into short kernels (replayssm_py/peer_timing.py); [graph] peers were not.")

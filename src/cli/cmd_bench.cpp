@@ -1,4 +1,5 @@
 // replayssm bench: times the CUDA decode kernels (see cuda/bench/decode_bench.h).
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -39,6 +40,18 @@ void register_bench(CLI::App& app) {
                   "heads per key head, heads x dv <= 1024)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--l2-prefetch-kib", o->l2_prefetch_kib,
+                  "KiB of each non-flush block's read checkpoint prefetched to L2 before its record phase\n"
+                  "(ReplayConfig::l2_prefetch_kib; 0: none)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  auto timer = std::make_shared<std::string>("queued");
+  cmd->add_option("--timer", *timer,
+                  "queued: each sample's work is queued behind a kernel that holds the GPU until the host has\n"
+                  "launched it all, so the time is the GPU's alone (as bench_peers.py --timer graph); events: the\n"
+                  "events also bracket the host's launch calls (every run before this option)")
+      ->check(CLI::IsMember({"queued", "events"}))
+      ->capture_default_str();
   cmd->add_option("--arena-gib", o->arena_gib,
                   "device memory for the bench's buffers in GiB (0: all that is free but max(1/4, 2 GiB)); give a\n"
                   "few GiB under Nsight Compute, which saves the memory a replayed kernel may write")
@@ -52,7 +65,8 @@ void register_bench(CLI::App& app) {
                 "Snakes and Ladders (activation replay, joint attainment) and STree beside ReplaySSM's verify and\n"
                 "the vLLM snapshots, for a = 1 and a = T, in conventional steps; unless given, --shapes\n"
                 "nemotron-3-super --batch 256 --drafts 2 4 8");
-  cmd->callback([o, shapes, batches, drafts] {
+  cmd->callback([o, shapes, batches, drafts, timer] {
+    o->timer = *timer == "events" ? cuda::BenchOptions::Timer::events : cuda::BenchOptions::Timer::queued;
     if (o->schemes) {  // the paper's setting unless the command line says otherwise
       if (shapes->count() == 0) o->shapes = {"nemotron-3-super"};
       if (batches->count() == 0) o->batches = {256};

@@ -27,6 +27,8 @@ def bench(*args):
     (["--drafts", "3"], "bench --drafts T must be one of 1, 2, 4, 8 (the verification kernels' draft counts; got 3)"),
     (["--shapes", "mamba-9"], "bench --shapes: unknown model shape 'mamba-9': expected one of"),
     (["--arena-gib", "nan"], "bench --arena-gib must be a finite number >= 0 (got nan)"),
+    (["--timer", "wall"], "--timer: wall not in {queued,events}"),
+    (["--l2-prefetch-kib", "5000"], "--l2-prefetch-kib: Value 5000 not in range 0 to 4096"),
 ])
 def test_options_no_run_can_honour_are_refused_by_name(args, fragment):
     r = bench(*args)
@@ -60,8 +62,9 @@ def test_an_existing_csv_is_refused_before_any_gpu_work(tmp_path):
 def test_forced_csv_is_replaced_whole_or_not_at_all_and_reads_back_with_pythons_csv(tmp_path):
     """With --force: without a GPU the run fails before it measures anything, and the earlier file is intact (the
     CSV is written atomically at the end). With a GPU (the device machine) the file is replaced by the run's
-    table, which Python's csv reader (the independent oracle) reads as rows of the header's 10 fields, the
-    kernel labels that hold commas intact: until 2026-12-05 those were written bare, one field too many."""
+    table, which Python's csv reader (the independent oracle) reads as rows of the header's 11 fields, the
+    kernel labels that hold commas intact (until 2026-12-05 those were written bare, one field too many), and
+    every row names the timer (queued, the default)."""
     old = tmp_path / "bench.csv"
     old.write_text("an earlier run's results\n")
     r = bench("--csv", str(old), "--force", "--shapes", "nemotron-3-super", "--batch", "1", "--window", "4",
@@ -75,8 +78,9 @@ def test_forced_csv_is_replaced_whole_or_not_at_all_and_reads_back_with_pythons_
     with open(old, newline="") as f:
         rows = list(csv.reader(f))
     header, body = rows[0], rows[1:]
-    assert header[:2] == ["model", "kernel"] and len(header) == 10, header
+    assert header[:2] == ["model", "kernel"] and len(header) == 11 and header[-1] == "timer", header
     assert body and all(len(row) == len(header) for row in body), [row for row in body if len(row) != len(header)]
     labels = {row[1] for row in body}
     assert "nvfp4 read skip=auto, 50% skip (x no skip)" in labels, sorted(labels)
     assert all(float(row[4]) > 0 and int(row[2]) == 1 for row in body)  # us_per_step, batch
+    assert {row[-1] for row in body} == {"queued"}

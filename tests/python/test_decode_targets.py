@@ -232,3 +232,25 @@ def test_peer_csvs_carry_their_timer(tmp_path):
     assert dt.read_peer_csv(old, "graph")[("nemotron-3-super", dt.VLLM_REPLAY, 64)]["timer"] == "graph"
     with pytest.raises(dt.TargetsInputError, match="unknown peer timer 'wall'"):
         dt.read_peer_csv(old, "wall")
+
+
+def test_bench_csvs_carry_their_timer_and_rounds_of_two_timers_are_refused(tmp_path):
+    """`replayssm bench` writes a timer column since session 27 (queued by default); a CSV without it is events-timed.
+    A queued round and an events round differ by the host's launch time in every one-step row, so judging them
+    together would mix two measurements: refused, naming both."""
+    rng = random.Random(SEED + 4)
+    conv, stag = rng.uniform(300, 600), rng.uniform(150, 250)
+    rows = [["nemotron-3-super", dt.CONVENTIONAL, "256", "1", f"{conv:.3f}", "1", "1", "95", "1", "3000"],
+            ["nemotron-3-super", dt.STAGGERED, "256", "16", f"{stag:.3f}", "1", "1", "90", "1", "3000"]]
+    old = write_csv(tmp_path / "old.csv", HEADER, rows)
+    new = write_csv(tmp_path / "new.csv", HEADER + ["timer"], [r + ["queued"] for r in rows])
+    assert all(r["timer"] == "events" for r in dt.read_bench_csv(old).values())
+    v = dt.judge([dt.read_bench_csv(new)])
+    assert verdict(v, "nemotron-3-super", "staggered", 256).value == pytest.approx(conv / stag, rel=1e-4)  # times to 1 ns
+    assert "`replayssm bench --timer queued`" in dt.format_markdown(v)
+    assert "`replayssm bench --timer events`" in dt.format_markdown(dt.judge([dt.read_bench_csv(old)]))
+    with pytest.raises(dt.TargetsInputError, match=r"the bench CSVs mix timers \(events, queued\)"):
+        dt.judge([dt.read_bench_csv(old), dt.read_bench_csv(new)])
+    bad = write_csv(tmp_path / "bad.csv", HEADER + ["timer"], [rows[0] + ["graph"]])
+    with pytest.raises(dt.TargetsInputError, match=r"line 2: field 'timer': expected one of queued, events, got 'graph'"):
+        dt.read_bench_csv(bad)
