@@ -129,6 +129,10 @@ struct ReplayConfig {
   formats::Rounding read_rounding = formats::Rounding::rtn;   // split: rtn, or ef (read.residual set)
   uint64_t seed = 0;                // SR seed; streams: ssm::sr_stream with layer = sequence index
   int heads_per_block = 0;          // value heads per block (0: chosen from the shape and the GPU)
+  // Value heads per block of the flush kernel alone (0: heads_per_block when that is forced, else the launcher's
+  // choice), for studies of small batches, where the few flushing sequences' blocks can outlast the non-flush
+  // grid. Mamba-2 and GDN; the KDA kernels refuse it.
+  int flush_heads_per_block = 0;
   // Appendix F, decay-based checkpoint-read skipping (ssm::CheckpointSkip::threshold_for gives the
   // values; 0 never skips). gamma_h is the float32 product of the window's decays a_1 ... a_h in
   // token order, the current token's included (KDA: the largest over key channels), as the CPU

@@ -53,7 +53,15 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
                                ? "read_path = tensor_cores: the FP8-b128 read has tensor cores for GDN only"
                                : "read_path = tensor_cores: the tensor-core reads serve dk = 128 with dv % 16 == 0",
                            "dk", shape.dk, "dv", shape.dv);
-  if (kind == ssm::Recurrence::kda) return kda_detail::replay_step(shape, in, config, records, stream);
+  if (config.flush_heads_per_block < 0)
+    throw_invalid_argument("flush_heads_per_block must be >= 0 (0: the launcher's choice)", "flush_heads_per_block",
+                           config.flush_heads_per_block);
+  if (kind == ssm::Recurrence::kda) {
+    if (config.flush_heads_per_block != 0)
+      throw_invalid_argument("flush_heads_per_block: the KDA kernels take heads_per_block only", "flush_heads_per_block",
+                             config.flush_heads_per_block);
+    return kda_detail::replay_step(shape, in, config, records, stream);
+  }
   check_shape(shape);
   if (config.window < 1 || config.window > kMaxWindow)
     throw_invalid_argument("replay decode supports 1 <= L <= 64", "L", config.window);
@@ -93,7 +101,18 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // experiments/bench/decode_2026-12-06/session25/).
   constexpr long kMaxFlushBlocksPerSm = 12;
   int NH_flush = NH;
-  if (config.heads_per_block == 0)
+  if (config.flush_heads_per_block > 0) {  // forced for the flush kernel alone (ReplayConfig::flush_heads_per_block)
+    NH_flush = config.flush_heads_per_block;
+    if (shape.heads_per_group() % NH_flush != 0 || NH_flush * shape.dv > kMaxReplayRows)
+      throw_invalid_argument(("flush_heads_per_block must divide the value heads per key head and keep "
+                              "flush_heads_per_block * dv <= " + std::to_string(kMaxReplayRows))
+                                 .c_str(),
+                             "flush_heads_per_block", NH_flush, "dv", shape.dv);
+    const std::size_t smem = sizeof(float) * replay_shared_floats(stage, shape.dk, shape.dv, NH_flush, true);
+    if (smem > max_dynamic_smem())
+      throw_invalid_argument("replay decode: flush_heads_per_block too large for shared memory", "flush_heads_per_block",
+                             NH_flush, "bytes", static_cast<long>(smem));
+  } else if (config.heads_per_block == 0)
     for (int nh = 1; nh < NH; ++nh)
       if (shape.heads_per_group() % nh == 0 &&
           static_cast<long>(shape.batch) * (shape.value_heads / nh) <= kMaxFlushBlocksPerSm * sm_count()) {

@@ -40,6 +40,11 @@ void register_bench(CLI::App& app) {
                   "heads per key head, heads x dv <= 1024)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--flush-heads-per-block", o->flush_heads_per_block,
+                  "value heads per block of the standard replay step's flush kernel alone (0: as --heads-per-block;\n"
+                  "Mamba-2 and GDN shapes)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--l2-prefetch-kib", o->l2_prefetch_kib,
                   "KiB of each non-flush block's read checkpoint prefetched to L2 before its record phase\n"
                   "(ReplayConfig::l2_prefetch_kib; 0: none)")

@@ -60,6 +60,7 @@ struct Case {
   // ReplayConfig::l2_prefetch_kib: a hint to L2 that must not change a result; sizes below, at and above a
   // block's checkpoint bytes.
   int l2_prefetch_kib = 0;
+  int flush_heads_per_block = 0;  // ReplayConfig::flush_heads_per_block (0: as heads_per_block)
 };
 
 std::vector<Case> cases() {
@@ -67,9 +68,9 @@ std::vector<Case> cases() {
   for (ssm::Recurrence k : {ssm::Recurrence::mamba2, ssm::Recurrence::gdn}) {
     // Small batches make the launcher choose one head per block (to fill the SMs); forcing the
     // largest head group per block covers the path large batches take.
-    c.push_back({k, {2, 1, 16, 128, 64}, true, 4, true, 64});  // Nemotron-3-Super head group, decays near 1
+    c.push_back({k, {2, 1, 16, 128, 64}, true, 4, true, 64, 1});  // Nemotron-3-Super head group, decays near 1
     c.push_back({k, {2, 1, 16, 128, 64}, false, 0});  // the same, launcher's choice
-    c.push_back({k, {3, 2, 6, 64, 37}, false, 3, false, 7});  // awkward: odd batch, dv = 37, 3 heads per key head
+    c.push_back({k, {3, 2, 6, 64, 37}, false, 3, false, 7, 6});  // awkward: odd batch, dv = 37, 3 heads per key head
     c.push_back({k, {2, 1, 2, 256, 24}, true, 2, false, 4096});  // dk = 256
     c.push_back({k, {1, 2, 4, 128, 128}, false, 0, true});  // Qwen3.5 head shape
   }
@@ -147,6 +148,7 @@ struct PolicyBuffers {
     config.seed = policy.seed;
     config.heads_per_block = c.heads_per_block;
     config.l2_prefetch_kib = c.l2_prefetch_kib;
+    config.flush_heads_per_block = c.flush_heads_per_block;
     const StorageFormat read_format = split ? policy.read.format : policy.recur.format;
     config.read_path = c.tensor_core_read && cuda::tensor_core_read_exists(c.kind, read_format, c.shape.dk, c.shape.dv)
                            ? cuda::ReplayConfig::ReadPath::tensor_cores
@@ -1184,6 +1186,20 @@ TEST_CASE("the launchers refuse rings not sized for the verification they serve,
     not_divisor.heads_per_block = 5;  // 16 heads per key head
     rec.view.max_drafts = 0;
     CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), not_divisor, rec.view, nullptr), std::invalid_argument);
+    // The flush kernel's own heads per block: a non-divisor, a negative count, 16 heads at L = 64 (the flush's
+    // shared memory, as above) and any count for KDA (its kernels take heads_per_block only) are refused.
+    for (int nh : {5, -1}) {
+      cuda::ReplayConfig bad = config;
+      bad.flush_heads_per_block = nh;
+      CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), bad, rec.view, nullptr), std::invalid_argument);
+    }
+    cuda::ReplayConfig wide_flush = wide;
+    wide_flush.heads_per_block = 0;
+    wide_flush.flush_heads_per_block = 16;
+    CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::mamba2, s, d.inputs(), wide_flush, rec.view, nullptr), std::invalid_argument);
+    cuda::ReplayConfig kda_flush = config;
+    kda_flush.flush_heads_per_block = 1;
+    CHECK_THROWS_AS(cuda::replay_step(ssm::Recurrence::kda, s, d.inputs(), kda_flush, rec.view, nullptr), std::invalid_argument);
   }
   {
     // ReplayConfig::flush_list on the host: a count without a list, a count outside [0, B], and a list with
