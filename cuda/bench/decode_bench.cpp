@@ -503,8 +503,7 @@ template <class Decoder>
 using DecoderGrid = std::vector<std::vector<std::unique_ptr<Decoder>>>;
 
 void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m, const std::vector<int>& windows,
-                   const std::vector<int>& drafts, int heads_per_block, int flush_heads_per_block, int l2_prefetch_kib,
-                   bool flush_lists) {
+                   const std::vector<int>& drafts, int heads_per_block, int flush_heads_per_block, bool flush_lists) {
   const DecodeShape& s = ws.s;
   const ssm::HeadGroupShape group{kind, s.dk, s.dv, s.value_heads / s.key_heads};
   KernelCheck check(ws, std::string(m.short_name));
@@ -545,7 +544,6 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
       cfg.window = L;
       cfg.heads_per_block = heads_per_block;
       cfg.flush_heads_per_block = kind == ssm::Recurrence::kda ? 0 : flush_heads_per_block;  // KDA refuses it
-      cfg.l2_prefetch_kib = l2_prefetch_kib;
       cfg.recur = ws.fp32_state(0);
       if (read != StorageFormat::fp32) cfg.read = ws.lowp_state(read, 0);
       DeviceRecords rec = ws.records();
@@ -582,7 +580,6 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
       cfg.window = L;
       cfg.heads_per_block = heads_per_block;
       cfg.flush_heads_per_block = kind == ssm::Recurrence::kda ? 0 : flush_heads_per_block;  // KDA refuses it
-      cfg.l2_prefetch_kib = l2_prefetch_kib;
       cfg.recur = ws.fp32_state(0);
       if (split) cfg.read = ws.lowp_state(StorageFormat::nvfp4, 0);
       if (policy.read.rounding == formats::Rounding::ef) {
@@ -1003,8 +1000,6 @@ void check_bench_options(const BenchOptions& o) {
   if (o.heads_per_block < 0) refuse(fmt::format("--heads-per-block must be >= 0 (got {})", o.heads_per_block));
   if (o.flush_heads_per_block < 0)
     refuse(fmt::format("--flush-heads-per-block must be >= 0 (got {})", o.flush_heads_per_block));
-  if (o.l2_prefetch_kib < 0 || o.l2_prefetch_kib > 4096)
-    refuse(fmt::format("--l2-prefetch-kib must be 0 (none) to 4096 (got {})", o.l2_prefetch_kib));
 }
 
 int run_decode_bench(const BenchOptions& o) {
@@ -1035,9 +1030,6 @@ int run_decode_bench(const BenchOptions& o) {
   if (o.heads_per_block > 0) std::printf("# standard replay step: %d value heads per block (--heads-per-block)\n", o.heads_per_block);
   if (o.flush_heads_per_block > 0)
     std::printf("# standard replay step: %d value heads per flush block (--flush-heads-per-block)\n", o.flush_heads_per_block);
-  if (o.l2_prefetch_kib > 0)
-    std::printf("# standard replay step: %d KiB of each non-flush block's checkpoint prefetched to L2 (--l2-prefetch-kib)\n",
-                o.l2_prefetch_kib);
   std::printf("# timer: %s\n", o.timer == BenchOptions::Timer::queued
                                     ? "queued (each sample's work queued behind a hold kernel: the events time the GPU alone)"
                                     : "events (the events also bracket the host's launch calls: --timer events)");
@@ -1067,8 +1059,7 @@ int run_decode_bench(const BenchOptions& o) {
       arena.reset();  // the previous configuration's buffers are gone: start again at the base
       const DecodeShape s{B, m.key_heads, m.value_heads, m.dk, m.dv};
       Workspace ws(kind, s, max_window, max_drafts);
-      if (o.check) check_kernels(kind, ws, m, o.windows, o.drafts, o.heads_per_block, o.flush_heads_per_block, o.l2_prefetch_kib,
-                                o.flush_lists);
+      if (o.check) check_kernels(kind, ws, m, o.windows, o.drafts, o.heads_per_block, o.flush_heads_per_block, o.flush_lists);
       const ByteModel bm{s, kind};
       int copy = 0;
       auto next_copy = [&] { copy = (copy + 1) % ws.copies; return copy; };
@@ -1099,7 +1090,6 @@ int run_decode_bench(const BenchOptions& o) {
         cfg.window = L;
         cfg.heads_per_block = o.heads_per_block;
         cfg.flush_heads_per_block = kind == ssm::Recurrence::kda ? 0 : o.flush_heads_per_block;  // KDA refuses it
-        cfg.l2_prefetch_kib = o.l2_prefetch_kib;
         // Whole windows, sequences staggered (h_b = b mod L): every step has B/L flushing sequences.
         const FlushSchedule staggered_lists(kind, B, L, [&](int b) { return b % L; }, o.flush_lists);
         auto run_window = [&](const ReplayConfig& c) {

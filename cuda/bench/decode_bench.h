@@ -23,8 +23,6 @@ struct BenchOptions {
   // ReplayConfig::flush_heads_per_block of the standard replay step (0: heads_per_block if forced, else the
   // launcher's choice); KDA shapes ignore it here (their kernels refuse it).
   int flush_heads_per_block = 0;
-  // ReplayConfig::l2_prefetch_kib of the standard replay step (0: none).
-  int l2_prefetch_kib = 0;
   // Device memory for the bench's buffers, GiB (0: all that is free but max(1/4, 2 GiB)). Under a
   // profiler that replays kernels (Nsight Compute saves and restores the memory a kernel may write),
   // give a few GiB: one arena the size of the GPU cannot be saved.

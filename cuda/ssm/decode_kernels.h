@@ -166,11 +166,6 @@ struct ReplayConfig {
   // also serves the skipped reads of sequences that do not flush).
   const int* flush_list = nullptr;
   int flush_count = 0;
-  // KiB of each non-flush block's read checkpoint asked of L2 (one bulk prefetch per warp, sm_90) before the
-  // block's record phase, so that DRAM is busy while the block waits on its records and key products; 0: none.
-  // Mamba-2 and GDN (the KDA kernels ignore it); never with appendix F read skipping. A hint: no result changes.
-  // For studies of small grids, where every block of a wave starts at once (decode_replay_nonflush.cu).
-  int l2_prefetch_kib = 0;
 };
 
 // Whether replay_step has a tensor-core read (ReplayConfig::read_path) for a read copy in `read` format.

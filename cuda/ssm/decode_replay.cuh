@@ -35,8 +35,6 @@ struct ReplayArgs {
   bool recur_ef = false;
   // Appendix F (ReplayConfig::skip_threshold_read / _flush; 0: never skip).
   float skip_read = 0.0f, skip_flush = 0.0f;
-  // ReplayConfig::l2_prefetch_kib in bytes.
-  unsigned l2_prefetch_bytes = 0;
 };
 
 // Builds the kernels' arguments from a ReplayConfig after the host-side checks every replay and
@@ -61,10 +59,6 @@ inline ReplayArgs make_replay_args(const DecodeShape& shape, const StepInputs& i
   A.recur_ef = config.recur_rounding == formats::Rounding::ef;
   A.skip_read = config.skip_threshold_read;
   A.skip_flush = config.skip_threshold_flush;
-  if (config.l2_prefetch_kib < 0 || config.l2_prefetch_kib > 4096)
-    throw std::invalid_argument("decode kernels: l2_prefetch_kib is 0 (none) to 4096; got " +
-                                std::to_string(config.l2_prefetch_kib));
-  A.l2_prefetch_bytes = static_cast<unsigned>(config.l2_prefetch_kib) * 1024u;
   A.read_path = config.read_path;
   // A list of all B sequences is the full grid (the flush kernel's plain instance, which serves flushing and
   // non-flushing sequences alike, so that a wrong such list still gives right numbers).

@@ -167,25 +167,6 @@ __device__ __forceinline__ void fold_rows(const ReplayArgs& A, const BlockGeomet
   }
 }
 
-// ReplayConfig::l2_prefetch_kib: the first A.l2_prefetch_bytes of the block's read-checkpoint payload (its NH
-// heads are one contiguous run) asked of L2 by one bulk prefetch per warp, so that DRAM works while the block's
-// record phase waits on dependent loads. Scales are not prefetched (a few percent of an LP copy's bytes). Not
-// for appendix F skipping: a skipped head's rows must not be read.
-template <StorageFormat R, int DK>
-__device__ __forceinline__ void prefetch_read_checkpoint_l2(const ReplayArgs& A, const BlockGeometry& bg) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x % 32 != 0) return;
-  const DeviceState& st = A.split ? A.read : A.recur;
-  const std::size_t head_bytes = static_cast<std::size_t>(bg.dv) * DK * storage_element_bits(R) / 8;
-  const std::size_t block_bytes = head_bytes * bg.NH;
-  const std::size_t bytes = std::min<std::size_t>(A.l2_prefetch_bytes, block_bytes) / (16 * kWarps) * (16 * kWarps);
-  const std::size_t chunk = bytes / kWarps, hb0 = static_cast<std::size_t>(bg.b) * bg.H + bg.head0;
-  if (chunk == 0) return;
-  const uint8_t* p = st.payload + hb0 * head_bytes + (threadIdx.x / 32) * chunk;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(static_cast<unsigned>(chunk)) : "memory");
-#endif
-}
-
 // Non-flush step of NH heads: output-only from the read checkpoint (LP when split, else the recur copy).
 //   Mamba-2: o = gamma (S q) + sum_{p<=h0} w_p (k_p . q) v_p
 //   GDN:     S_{t-1}k, S_{t-1}q from (S k, S q) and the cached u; u_t = b (v - a S_{t-1}k);
@@ -474,7 +455,6 @@ __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK, kMma>(
   const bool flush = win.h + 1 >= A.window;  // the flush kernel's sequence
   nonflush_window_duties(A, bg.b, win, flush);
   if (!flush) {
-    if (A.l2_prefetch_bytes > 0 && !(kSkip && A.skip_read > 0.0f)) prefetch_read_checkpoint_l2<R, DK>(A, bg);
     const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false);
     append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
     replay_nonflush_block<K, R, DK, kSkip, kMma>(A, bg, win, sh);

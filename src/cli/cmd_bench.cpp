@@ -45,11 +45,6 @@ void register_bench(CLI::App& app) {
                   "Mamba-2 and GDN shapes)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--l2-prefetch-kib", o->l2_prefetch_kib,
-                  "KiB of each non-flush block's read checkpoint prefetched to L2 before its record phase\n"
-                  "(ReplayConfig::l2_prefetch_kib; 0: none)")
-      ->check(CLI::Range(0, 4096))
-      ->capture_default_str();
   auto timer = std::make_shared<std::string>("queued");
   cmd->add_option("--timer", *timer,
                   "queued: each sample's work is queued behind a kernel that holds the GPU until the host has\n"

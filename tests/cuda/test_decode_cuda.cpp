@@ -57,9 +57,6 @@ struct Case {
   // (else the CUDA cores): the launcher's automatic choice takes them only on large grids, which no case
   // here has, so the cases pick one each.
   bool tensor_core_read = false;
-  // ReplayConfig::l2_prefetch_kib: a hint to L2 that must not change a result; sizes below, at and above a
-  // block's checkpoint bytes.
-  int l2_prefetch_kib = 0;
   int flush_heads_per_block = 0;  // ReplayConfig::flush_heads_per_block (0: as heads_per_block)
 };
 
@@ -68,10 +65,10 @@ std::vector<Case> cases() {
   for (ssm::Recurrence k : {ssm::Recurrence::mamba2, ssm::Recurrence::gdn}) {
     // Small batches make the launcher choose one head per block (to fill the SMs); forcing the
     // largest head group per block covers the path large batches take.
-    c.push_back({k, {2, 1, 16, 128, 64}, true, 4, true, 64, 1});  // Nemotron-3-Super head group, decays near 1
+    c.push_back({k, {2, 1, 16, 128, 64}, true, 4, true, 1});  // Nemotron-3-Super head group, decays near 1
     c.push_back({k, {2, 1, 16, 128, 64}, false, 0});  // the same, launcher's choice
-    c.push_back({k, {3, 2, 6, 64, 37}, false, 3, false, 7, 6});  // awkward: odd batch, dv = 37, 3 heads per key head
-    c.push_back({k, {2, 1, 2, 256, 24}, true, 2, false, 4096});  // dk = 256
+    c.push_back({k, {3, 2, 6, 64, 37}, false, 3, false, 6});  // awkward: odd batch, dv = 37, 3 heads per key head
+    c.push_back({k, {2, 1, 2, 256, 24}, true, 2});  // dk = 256
     c.push_back({k, {1, 2, 4, 128, 128}, false, 0, true});  // Qwen3.5 head shape
   }
   return c;
@@ -147,7 +144,6 @@ struct PolicyBuffers {
     config.recur_rounding = policy.recur.rounding;
     config.seed = policy.seed;
     config.heads_per_block = c.heads_per_block;
-    config.l2_prefetch_kib = c.l2_prefetch_kib;
     config.flush_heads_per_block = c.flush_heads_per_block;
     const StorageFormat read_format = split ? policy.read.format : policy.recur.format;
     config.read_path = c.tensor_core_read && cuda::tensor_core_read_exists(c.kind, read_format, c.shape.dk, c.shape.dv)

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Session 27, calls 1 and 2 (about TOTAL = 540 s). Pack .device/pack42.tar.xz (main with the bench's queued timer,
-# ReplayConfig::l2_prefetch_kib and ::flush_heads_per_block) and .device/peers_slim.tar.xz. -> $OUT/results.tar.
+# Session 27, call 1 (about TOTAL = 540 s). Pack .device/pack42.tar.xz (main with the bench's queued timer and
+# ReplayConfig::l2_prefetch_kib) and .device/peers_slim.tar.xz. -> $OUT/results.tar.
 #  1. test_decode_cuda: every replay case, now with l2_prefetch_kib on three of them, against the CPU decoders.
 #  2. The bench's two timers on the Mamba-2 shapes at B = 32 and 256: queued (new default: each sample's work queued
 #     behind a hold kernel) against events (the events also bracket the host's launch calls, as every earlier run).
-#  3. The staggered step at B = 32-256 (queued): the launcher's heads per block against forced 1 and 2 (both kernels,
-#     and the flush kernel alone: --flush-heads-per-block), L2 prefetches of 16-128 KiB per non-flush block, and one
-#     combination.
+#  3. The staggered step at B = 32-128 (queued): the launcher's heads per block against forced 1 and 2, and L2
+#     prefetches of 32, 64 and 128 KiB per non-flush block.
 #  4. vLLM's ReplaySSM kernel at B = 32-128, graph-timed, in the same run.
 # Run from the repository root: TOTAL=540 bash experiments/bench/decode_2026-12-06/session27/call1.sh
 source experiments/bench/decode_2026-12-05/device_common.sh
@@ -27,13 +26,9 @@ bench() {  # name limit [options]
 bench queued 90 --shapes nemotron-3-super nemotron-3-nano-4b --batch 32 256
 bench events 60 --shapes nemotron-3-super nemotron-3-nano-4b --batch 32 256 --timer events --no-check
 for shape in nemotron-3-super nemotron-3-nano-4b; do
-  bench ${shape}_auto 40 --shapes $shape --batch 32 64 128 256 --no-check
-  for nh in 1 2; do
-    bench ${shape}_hpb$nh 40 --shapes $shape --batch 32 64 128 256 --no-check --heads-per-block $nh
-    bench ${shape}_fhpb$nh 40 --shapes $shape --batch 32 64 128 256 --no-check --flush-heads-per-block $nh
-  done
-  for kib in 16 32 64 128; do bench ${shape}_pf$kib 40 --shapes $shape --batch 32 64 128 256 --no-check --l2-prefetch-kib $kib; done
-  bench ${shape}_pf32_fhpb2 40 --shapes $shape --batch 32 64 128 256 --no-check --l2-prefetch-kib 32 --flush-heads-per-block 2
+  bench ${shape}_auto 40 --shapes $shape --batch 32 64 128 --no-check
+  for nh in 1 2; do bench ${shape}_hpb$nh 40 --shapes $shape --batch 32 64 128 --no-check --heads-per-block $nh; done
+  for kib in 32 64 128; do bench ${shape}_pf$kib 40 --shapes $shape --batch 32 64 128 --no-check --l2-prefetch-kib $kib; done
 done
 tar -C . -xJf .device/peers_slim.tar.xz
 left=$((TOTAL - SECONDS - 10))
