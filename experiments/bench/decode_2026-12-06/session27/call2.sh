@@ -31,7 +31,7 @@ bench() {  # name limit [options]; $LIB (default lib_land), $PF (KiB, lib_pf's R
 }
 bench timer_queued 60 --shapes nemotron-3-super nemotron-3-nano-4b --batch 32 256 --no-check
 bench timer_events 60 --shapes nemotron-3-super nemotron-3-nano-4b --batch 32 256 --timer events --no-check
-SWEEP_END=$((SECONDS + 170))
+SWEEP_END=$((SECONDS + ${SWEEP:-170}))
 for shape in nemotron-3-super nemotron-3-nano-4b; do
   for v in "auto lib_land 0" "hpb2 lib_land 0 --heads-per-block 2" "fhpb1 lib_land 0 --flush-heads-per-block 1" \
            "fhpb2 lib_land 0 --flush-heads-per-block 2" "pf0 lib_pf 0" "pf32 lib_pf 32" "pf64 lib_pf 64"; do
@@ -43,11 +43,10 @@ done
 if [ "${RECORD:-1}" = 1 ]; then
 ALL="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b kimi-linear-48b-a3b"
 t0=$SECONDS
-LD_LIBRARY_PATH=$(lib lib_land) timeout 150 $B/replayssm-bench bench --shapes $ALL --batch 32 256 --window 16 --drafts 8 \
-  --csv $R/record_1.csv > $R/record_1.txt 2>&1
-echo "record round 1 rc=$? $((SECONDS-t0))s"
+[ $((TOTAL - SECONDS)) -gt 170 ] && { LD_LIBRARY_PATH=$(lib lib_land) timeout 150 $B/replayssm-bench bench --shapes $ALL \
+  --batch 32 256 --window 16 --drafts 8 --csv $R/record_1.csv > $R/record_1.txt 2>&1; echo "record round 1 rc=$? $((SECONDS-t0))s"; }
 t0=$SECONDS
-[ $((TOTAL - SECONDS)) -gt 150 ] && { LD_LIBRARY_PATH=$(lib lib_land) timeout 100 $B/replayssm-bench bench --shapes $ALL \
+[ $((TOTAL - SECONDS)) -gt 130 ] && { LD_LIBRARY_PATH=$(lib lib_land) timeout 100 $B/replayssm-bench bench --shapes $ALL \
   --batch 8 16 64 128 --window 16 --drafts 8 --csv $R/other_batches.csv > $R/other_batches.txt 2>&1
   echo "other batches rc=$? $((SECONDS-t0))s"; }
 run_peers $((TOTAL - 10))
