@@ -67,7 +67,7 @@ std::vector<Case> cases() {
     // largest head group per block covers the path large batches take.
     c.push_back({k, {2, 1, 16, 128, 64}, true, 4, true, 1});  // Nemotron-3-Super head group, decays near 1
     c.push_back({k, {2, 1, 16, 128, 64}, false, 0});  // the same, launcher's choice
-    c.push_back({k, {3, 2, 6, 64, 37}, false, 3, false, 6});  // awkward: odd batch, dv = 37, 3 heads per key head
+    c.push_back({k, {3, 2, 6, 64, 37}, false, 3, false, 1});  // awkward: odd batch, dv = 37, 3 heads per key head
     c.push_back({k, {2, 1, 2, 256, 24}, true, 2});  // dk = 256
     c.push_back({k, {1, 2, 4, 128, 128}, false, 0, true});  // Qwen3.5 head shape
   }
