@@ -4,6 +4,7 @@
 #  1. test_decode_cuda (main's library) against the CPU decoders.
 #  2. A second record round (every paper shape at B = 32 and 256) and a second round at B = 8-128 (queued timer).
 #  3. Nsight Compute at B = 32 on Nemotron-3-Super: our staggered step's two kernels and vLLM's ReplaySSM kernel.
+#     (bench --timer events under ncu: ncu waits for each kernel before the next, so a hold kernel would only time out.)
 # -> $OUT/results.tar. Run from the repository root: TOTAL=330 bash experiments/bench/decode_2026-12-06/session27/call3.sh
 source experiments/bench/decode_2026-12-05/device_common.sh
 TOTAL=${TOTAL:-330}
@@ -28,7 +29,7 @@ for kernel in replay_nonflush_kernel replay_flush_kernel; do
   [ $((TOTAL - SECONDS)) -lt 60 ] && { echo "ncu $kernel skipped (time)"; continue; }
   LD_LIBRARY_PATH=$(lib lib_land) timeout 60 ncu --clock-control none --kernel-name-base function -k "regex:^$kernel\$" \
     --launch-skip 80 --launch-count 16 $SECTIONS --metrics $EXTRA --csv --page raw --print-units base \
-    $B/replayssm-bench bench --shapes nemotron-3-super --batch 32 --window 16 --drafts 8 --repeats 3 --no-check \
+    $B/replayssm-bench bench --shapes nemotron-3-super --batch 32 --window 16 --drafts 8 --repeats 3 --no-check --timer events \
     --arena-gib 8 > $R/ncu_ours_$kernel.csv 2> $R/ncu_ours_$kernel.log
   echo "ncu ours $kernel rc=$? $((SECONDS-t0))s"
 done
