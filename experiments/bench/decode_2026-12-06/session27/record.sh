@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Session 27's run of record (about TOTAL = 560 s): pack $PACK (default .device/pack42.tar.xz) and
-# .device/peers_slim.tar.xz, the bench's queued timer (its default).
+# A run of record for the next session, on an H200 (about TOTAL = 560 s; prepared in session 27, not run): pack $PACK
+# (default .device/pack43.tar.xz: main's library at 52898fc, unchanged since), .device/mini44.tar.xz (the fixed
+# test_decode_cuda) and .device/peers_slim.tar.xz; the bench's queued timer (its default).
+# 0. test_decode_cuda against the CPU decoders.
 # 1. Two record rounds, every paper shape at B = 32 and 256, each configuration checked against the CPU decoders
 #    before timing.
 # 2. Every paper shape at B = 8, 16, 64 and 128 (one round).
@@ -9,9 +11,13 @@
 # Run from the repository root: TOTAL=560 bash experiments/bench/decode_2026-12-06/session27/record.sh
 source experiments/bench/decode_2026-12-05/device_common.sh
 TOTAL=${TOTAL:-560}
-unpack_pack ${PACK:-.device/pack42.tar.xz} lib_land
+unpack_pack ${PACK:-.device/pack43.tar.xz} lib_land
 lib() { echo "$A/$1$SYS"; }
+[ -f .device/mini44.tar.xz ] && tar -C $A -xJf .device/mini44.tar.xz
 cat $A/bin/COMMIT > $R/pack_commit.txt
+t0=$SECONDS
+LD_LIBRARY_PATH=$(lib lib_land) timeout 100 $B/test_decode_cuda > $R/test_decode_cuda.txt 2>&1
+echo "test_decode_cuda rc=$? $((SECONDS-t0))s"; tail -n 3 $R/test_decode_cuda.txt
 LD_LIBRARY_PATH=$(lib lib_land) $B/replayssm-bench --version > $R/version.txt 2>&1; cat $R/version.txt $R/gpu.txt
 ALL="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b kimi-linear-48b-a3b"
 for round in 1 2; do
