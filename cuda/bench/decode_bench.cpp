@@ -502,6 +502,9 @@ class KernelCheck {
 template <class Decoder>
 using DecoderGrid = std::vector<std::vector<std::unique_ptr<Decoder>>>;
 
+// BenchOptions::flush_heads_per_block as a shape's ReplayConfig takes it: the KDA kernels refuse any, so 0 there.
+int flush_heads_for(ssm::Recurrence kind, int requested) { return kind == ssm::Recurrence::kda ? 0 : requested; }
+
 void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m, const std::vector<int>& windows,
                    const std::vector<int>& drafts, int heads_per_block, int flush_heads_per_block, bool flush_lists) {
   const DecodeShape& s = ws.s;
@@ -543,7 +546,7 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
       ReplayConfig cfg;
       cfg.window = L;
       cfg.heads_per_block = heads_per_block;
-      cfg.flush_heads_per_block = kind == ssm::Recurrence::kda ? 0 : flush_heads_per_block;  // KDA refuses it
+      cfg.flush_heads_per_block = flush_heads_for(kind, flush_heads_per_block);
       cfg.recur = ws.fp32_state(0);
       if (read != StorageFormat::fp32) cfg.read = ws.lowp_state(read, 0);
       DeviceRecords rec = ws.records();
@@ -579,7 +582,7 @@ void check_kernels(ssm::Recurrence kind, Workspace& ws, const ssm::ModelShape& m
       ReplayConfig cfg;
       cfg.window = L;
       cfg.heads_per_block = heads_per_block;
-      cfg.flush_heads_per_block = kind == ssm::Recurrence::kda ? 0 : flush_heads_per_block;  // KDA refuses it
+      cfg.flush_heads_per_block = flush_heads_for(kind, flush_heads_per_block);
       cfg.recur = ws.fp32_state(0);
       if (split) cfg.read = ws.lowp_state(StorageFormat::nvfp4, 0);
       if (policy.read.rounding == formats::Rounding::ef) {
@@ -1089,7 +1092,7 @@ int run_decode_bench(const BenchOptions& o) {
         ReplayConfig cfg;
         cfg.window = L;
         cfg.heads_per_block = o.heads_per_block;
-        cfg.flush_heads_per_block = kind == ssm::Recurrence::kda ? 0 : o.flush_heads_per_block;  // KDA refuses it
+        cfg.flush_heads_per_block = flush_heads_for(kind, o.flush_heads_per_block);
         // Whole windows, sequences staggered (h_b = b mod L): every step has B/L flushing sequences.
         const FlushSchedule staggered_lists(kind, B, L, [&](int b) { return b % L; }, o.flush_lists);
         auto run_window = [&](const ReplayConfig& c) {

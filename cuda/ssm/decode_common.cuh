@@ -509,15 +509,17 @@ inline std::size_t max_dynamic_smem() {
 }
 
 constexpr int kMaxReplayRows = 1024;
-inline int heads_per_block(const DecodeShape& s, int requested, int max_rows = kThreads) {
+// `option`: the name a refusal gives the requested count (ReplayConfig::heads_per_block or flush_heads_per_block).
+inline int heads_per_block(const DecodeShape& s, int requested, int max_rows = kThreads,
+                           const char* option = "heads_per_block") {
   auto divides = [&](int nh) { return nh >= 1 && s.heads_per_group() % nh == 0; };
   auto allowed = [&](int nh) { return divides(nh) && nh * s.dv <= kThreads; };
   if (requested > 0) {
     if (!divides(requested) || requested * s.dv > max_rows)
-      throw_invalid_argument(("heads_per_block must divide the value heads per key head and keep heads_per_block * dv <= " +
-                              std::to_string(max_rows))
+      throw_invalid_argument((std::string(option) + " must divide the value heads per key head and keep " + option +
+                              " * dv <= " + std::to_string(max_rows))
                                  .c_str(),
-                             "heads_per_block", requested, "dv", s.dv);
+                             option, requested, "dv", s.dv);
     return requested;
   }
   const long target_blocks = 2L * sm_count();

@@ -83,12 +83,16 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
     throw std::invalid_argument("an NVFP4 read checkpoint needs an fp32 recurrence checkpoint in the kernels");
   // This step's kernels loop over the block's (head, row) pairs, so a forced NH may exceed 256 rows;
   // the flush block's shared memory (the window's keys and every head's records) must still fit.
+  auto check_flush_smem = [&](int nh, const char* option) {
+    const std::size_t flush_smem = sizeof(float) * replay_shared_floats(stage, shape.dk, shape.dv, nh, true);
+    if (flush_smem > max_dynamic_smem())
+      throw_invalid_argument((std::string("replay decode: ") + option +
+                              " too large for shared memory (the flush block stages the window for every head)")
+                                 .c_str(),
+                             option, nh, "bytes", static_cast<long>(flush_smem));
+  };
   const int NH = heads_per_block(shape, config.heads_per_block, kMaxReplayRows);
-  const std::size_t flush_smem = sizeof(float) * replay_shared_floats(stage, shape.dk, shape.dv, NH, true);
-  if (flush_smem > max_dynamic_smem())
-    throw_invalid_argument("replay decode: heads_per_block too large for shared memory (the flush block stages the "
-                           "window for every head)",
-                           "heads_per_block", NH, "bytes", static_cast<long>(flush_smem));
+  check_flush_smem(NH, "heads_per_block");
   // The flush kernel gets its own heads per block. Its blocks work only for the sequences that flush
   // (with staggered windows B / L of them; the blocks of the others return at once), so at small B a
   // few blocks carry the whole flush while the non-flush grid is short. Fewer heads per flush block
@@ -102,16 +106,8 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   constexpr long kMaxFlushBlocksPerSm = 12;
   int NH_flush = NH;
   if (config.flush_heads_per_block > 0) {  // forced for the flush kernel alone (ReplayConfig::flush_heads_per_block)
-    NH_flush = config.flush_heads_per_block;
-    if (shape.heads_per_group() % NH_flush != 0 || NH_flush * shape.dv > kMaxReplayRows)
-      throw_invalid_argument(("flush_heads_per_block must divide the value heads per key head and keep "
-                              "flush_heads_per_block * dv <= " + std::to_string(kMaxReplayRows))
-                                 .c_str(),
-                             "flush_heads_per_block", NH_flush, "dv", shape.dv);
-    const std::size_t smem = sizeof(float) * replay_shared_floats(stage, shape.dk, shape.dv, NH_flush, true);
-    if (smem > max_dynamic_smem())
-      throw_invalid_argument("replay decode: flush_heads_per_block too large for shared memory", "flush_heads_per_block",
-                             NH_flush, "bytes", static_cast<long>(smem));
+    NH_flush = heads_per_block(shape, config.flush_heads_per_block, kMaxReplayRows, "flush_heads_per_block");
+    check_flush_smem(NH_flush, "flush_heads_per_block");
   } else if (config.heads_per_block == 0)
     for (int nh = 1; nh < NH; ++nh)
       if (shape.heads_per_group() % nh == 0 &&

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A run of record for the next session, on an H200 (about TOTAL = 560 s; prepared in session 27, not run): pack $PACK
-# (default .device/pack43.tar.xz: main's library at 52898fc, unchanged since), .device/mini44.tar.xz (the fixed
-# test_decode_cuda) and .device/peers_slim.tar.xz; the bench's queued timer (its default).
+# (default .device/pack43.tar.xz, rebuilt by make_pack43.sh at the commit to be measured: after 52898fc, where call 2's
+# pack was built, the launcher's host-side checks were refactored, kernels unchanged), .device/mini44.tar.xz (the fixed
+# test_decode_cuda; make_mini44.sh) and .device/peers_slim.tar.xz; the bench's queued timer (its default).
 # 0. test_decode_cuda against the CPU decoders.
 # 1. Two record rounds, every paper shape at B = 32 and 256, each configuration checked against the CPU decoders
 #    before timing.
