@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Session 27, call 3 (about TOTAL = 330 s). Pack .device/pack43.tar.xz, .device/mini44.tar.xz (test_decode_cuda built
 # at a08362f, the awkward case's flush heads per block fixed; bin/COMMIT) and .device/peers_slim.tar.xz.
+# Rebuild both packs at the commit to be measured first (make_pack43.sh, make_mini44.sh): the launcher's host-side checks
+# changed after call 2's pack (aa90499; kernels unchanged).
 #  1. test_decode_cuda (main's library) against the CPU decoders.
 #  2. A second record round (every paper shape at B = 32 and 256) and a second round at B = 8-128 (queued timer).
 #  3. Nsight Compute at B = 32 on Nemotron-3-Super: our staggered step's two kernels and vLLM's ReplaySSM kernel.
