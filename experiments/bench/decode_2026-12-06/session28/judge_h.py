@@ -1,0 +1,53 @@
+"""Judges session 28's rule for H (README.md, written before call 3 ran) on call 3's alternating rounds.
+Per row (model, kernel, B, L/T): the median over rounds of lib_h's time over lib_land's time in the same round.
+H lands when (a) Nemotron-3-Super's NVFP4 read takes at most 0.97 of main's time at B = 128 and at B = 256,
+(b) no standard-step row of either shape at B = 64-256 (every row but the conventional and verification ones,
+whose kernels H does not touch) takes more than 1.02 of main's time, and (c) every round ran (the bench
+checks every configuration against the CPU decoders before timing it, and stops on a mismatch).
+Usage: python3 judge_h.py call3/r"""
+import csv
+import lzma
+import pathlib
+import statistics
+import sys
+
+
+def load(path):
+    with lzma.open(path, "rt", newline="") as f:
+        return {(r["model"], r["kernel"], r["batch"], r["param"]): float(r["us_per_step"]) for r in csv.DictReader(f)}
+
+
+def main(folder):
+    r = pathlib.Path(folder)
+    rounds = []
+    for k in (1, 2, 3):
+        h, m = r / f"ab_lib_h_{k}.csv.xz", r / f"ab_lib_land_{k}.csv.xz"
+        if not (h.exists() and m.exists()):
+            print(f"round {k}: missing ({h.name}, {m.name}): rule (c) fails")
+            return 1
+        rounds.append((load(h), load(m)))
+    keys = sorted(set(rounds[0][0]) & set(rounds[0][1]))
+    worst, verdict = [], True
+    for key in keys:
+        ratios = [h[key] / m[key] for h, m in rounds if key in h and key in m]
+        med = statistics.median(ratios)
+        model, kernel, B, _ = key
+        if model == "nemotron-3-super" and kernel.startswith("non-flush read nvfp4") and B in ("128", "256"):
+            ok = med <= 0.97
+            verdict &= ok
+            print(f"(a) {model} {kernel} B={B}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)}) {'ok' if ok else 'FAILS'}")
+        worst.append((med, key, ratios))
+    worst.sort(reverse=True)
+    for med, key, ratios in worst[:8]:
+        print(f"slowest: {key[0]} {key[1]} B={key[2]}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)})")
+    over = [(med, key) for med, key, _ in worst
+            if med > 1.02 and not key[1].startswith(("conventional", "verify"))]
+    for med, key in over:
+        print(f"(b) FAILS: {key[0]} {key[1]} B={key[2]}: {med:.3f}")
+    verdict &= not over
+    print("H LANDS" if verdict else "H does not land")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
