@@ -4,7 +4,7 @@ H lands when (a) Nemotron-3-Super's NVFP4 read takes at most 0.97 of main's time
 (b) no standard-step row of either shape at B = 64-256 (every row but the conventional and verification ones,
 whose kernels H does not touch) takes more than 1.02 of main's time, and (c) every round ran (the bench
 checks every configuration against the CPU decoders before timing it, and stops on a mismatch).
-Usage: python3 judge_h.py call3/r"""
+Usage: python3 judge_h.py [--arm lib_h2] call3/r (the arm: lib_h in call 3, lib_h2 in call 4)"""
 import csv
 import lzma
 import pathlib
@@ -17,11 +17,11 @@ def load(path):
         return {(r["model"], r["kernel"], r["batch"], r["param"]): float(r["us_per_step"]) for r in csv.DictReader(f)}
 
 
-def main(folder):
+def main(folder, arm="lib_h"):
     r = pathlib.Path(folder)
     rounds = []
     for k in (1, 2, 3):
-        h, m = r / f"ab_lib_h_{k}.csv.xz", r / f"ab_lib_land_{k}.csv.xz"
+        h, m = r / f"ab_{arm}_{k}.csv.xz", r / f"ab_lib_land_{k}.csv.xz"
         if not (h.exists() and m.exists()):
             print(f"round {k}: missing ({h.name}, {m.name}): rule (c) fails")
             return 1
@@ -50,4 +50,8 @@ def main(folder):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    args = sys.argv[1:]
+    arm = "lib_h"
+    if args[:1] == ["--arm"]:
+        arm, args = args[1], args[2:]
+    sys.exit(main(args[0], arm))
