@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 28, call 5 (prepared for the next session) (about TOTAL = 200 s): the A/B of H3 (vals_bf16_nvfp4_pad.patch: H2 with the fp32-sized request wherever it fits). Pack
+# .device/pack48.tar.xz (make_pack48.sh: lib_land = main, lib_h3 = main + vals_bf16_nvfp4_pad.patch).
+#  1. test_decode_cuda on lib_h3.
+#  2. Three rounds, lib_h3 and lib_land alternating (lib_h3 first in odd rounds): Nemotron-3-Super and -Nano at
+#     B = 64, 128, 256, every configuration checked against the CPU decoders before timing. Judged by
+#     `python3 judge_h.py --arm lib_h3 call5/r` under the rule README.md gives for H3 (written before this run).
+#  3. If time is left, one record round on lib_h3 (every paper shape at B = 32 and 256).
+# -> $OUT/results.tar. Run from the repository root: TOTAL=200 bash experiments/bench/decode_2026-12-06/session28/call5.sh
+source experiments/bench/decode_2026-12-05/device_common.sh
+TOTAL=${TOTAL:-200}
+unpack_pack ${PACK:-.device/pack48.tar.xz} lib_land
+lib() { echo "$A/$1$SYS"; }
+cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
+t0=$SECONDS
+LD_LIBRARY_PATH=$(lib lib_h3) timeout 100 $B/test_decode_cuda > $R/test_decode_cuda_h3.txt 2>&1
+echo "test_decode_cuda (lib_h3) rc=$? $((SECONDS-t0))s"; tail -n 3 $R/test_decode_cuda_h3.txt
+for round in 1 2 3; do
+  order="lib_h3 lib_land"; [ $((round % 2)) = 0 ] && order="lib_land lib_h3"
+  for l in $order; do t0=$SECONDS
+    LD_LIBRARY_PATH=$(lib $l) timeout 60 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b \
+      --batch 64 128 256 --window 16 --drafts 8 --csv $R/ab_${l}_$round.csv > $R/ab_${l}_$round.txt 2>&1
+    echo "ab $l round $round rc=$? $((SECONDS-t0))s"
+  done
+done
+grep -H "non-flush read nvfp4" $R/ab_*_1.txt | grep "|  256 |" | cut -c1-160
+t0=$SECONDS
+[ $((TOTAL - SECONDS)) -gt 45 ] && { LD_LIBRARY_PATH=$(lib lib_h3) timeout $((TOTAL - SECONDS - 10)) $B/replayssm-bench bench \
+  --shapes nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b kimi-linear-48b-a3b --batch 32 256 --window 16 \
+  --drafts 8 --csv $R/record_1.csv > $R/record_1.txt 2>&1; echo "record round 1 (lib_h3) rc=$? $((SECONDS-t0))s"; }
+pack_results
