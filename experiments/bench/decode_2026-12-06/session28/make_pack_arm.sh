@@ -3,7 +3,7 @@
 # sys/, main's CUDA library as lib_land and main plus PATCH as ARM. The prepared ones:
 #   make_pack_arm.sh pack48 lib_h3 experiments/bench/decode_2026-12-06/session28/vals_bf16_nvfp4_pad.patch
 #   make_pack_arm.sh pack49 lib_h4 experiments/bench/decode_2026-12-06/session28/vals_bf16_nvfp4_widen.patch
-# (pack47 / lib_h2 was make_pack47.sh.) Usage: bash .../make_pack_arm.sh PACK ARM PATCH [BUILD_DIR (default build-dev)]
+# (make_pack46.sh and make_pack47.sh call it for calls 3 and 4.) Usage: bash .../make_pack_arm.sh PACK ARM PATCH [BUILD_DIR (default build-dev)]
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 [ $# -ge 3 ] || { echo "usage: make_pack_arm.sh PACK ARM PATCH [BUILD_DIR]" >&2; exit 2; }
