@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Session 29, call 1 (about TOTAL = 590 s): H4's A/B and the run of record in one call (one machine start: this
+# session's first five calls got no machine). Pack .device/pack49.tar.xz (session 28's make_pack_arm.sh at d0a029d:
+# lib_land = main's library, lib_h4 = main + vals_bf16_nvfp4_widen.patch) and .device/peers_slim.tar.xz.
+#  1. test_decode_cuda on lib_h4; three alternating A/B rounds (session 28's call4.sh steps, the same bench command).
+#  2. H4's rule (README.md, written in session 28 before any run) applied on the device by judge_h.py, so that the
+#     record runs on the library the rule picks: LIB = lib_h4 if H4 lands, else lib_land.
+#  3. On LIB: test_decode_cuda (lib_land only: lib_h4's ran in step 1), test_decode_kda_cuda, test_formats_cuda;
+#     a checked record round (every paper shape, B = 32 and 256); the peers graph-timed; then, time allowing,
+#     B = 8-128 and a second record round.
+# -> $OUT/results.tar. Judge: judge_h.py --arm lib_h4 r; decode_targets.py r/record_*.csv.xz [r/other_batches.csv.xz]
+#    --peers r/peers_*.csv.xz. Run from the repository root: TOTAL=590 bash experiments/bench/decode_2026-12-06/session29/call1.sh
+source experiments/bench/decode_2026-12-05/device_common.sh
+TOTAL=${TOTAL:-590}
+ARM=lib_h4
+unpack_pack ${PACK:-.device/pack49.tar.xz} lib_land
+lib() { echo "$A/$1$SYS"; }
+cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
+t0=$SECONDS
+LD_LIBRARY_PATH=$(lib $ARM) timeout 100 $B/test_decode_cuda > $R/test_decode_cuda_h4.txt 2>&1
+arm_test=$?; echo "test_decode_cuda ($ARM) rc=$arm_test $((SECONDS-t0))s"; tail -n 2 $R/test_decode_cuda_h4.txt
+for round in 1 2 3; do
+  order="$ARM lib_land"; [ $((round % 2)) = 0 ] && order="lib_land $ARM"
+  for l in $order; do t0=$SECONDS
+    LD_LIBRARY_PATH=$(lib $l) timeout 60 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b \
+      --batch 64 128 256 --window 16 --drafts 8 --csv $R/ab_${l}_$round.csv > $R/ab_${l}_$round.txt 2>&1
+    echo "ab $l round $round rc=$? $((SECONDS-t0))s"
+  done
+done
+J=$(mktemp -d); for f in $R/ab_*.csv; do xz -c $f > $J/$(basename $f).xz; done
+python3 experiments/bench/decode_2026-12-06/session28/judge_h.py --arm $ARM $J > $R/judge_device.txt 2>&1; cat $R/judge_device.txt
+LIB=lib_land; [ $arm_test = 0 ] && grep -q "^H LANDS" $R/judge_device.txt && LIB=$ARM
+echo "$LIB" > $R/library.txt; echo "record library: $LIB"
+LD_LIBRARY_PATH=$(lib $LIB) $B/replayssm-bench --version > $R/version.txt 2>&1
+suites="test_decode_kda_cuda test_formats_cuda"; [ $LIB = lib_land ] && suites="test_decode_cuda $suites"
+for suite in $suites; do t0=$SECONDS
+  LD_LIBRARY_PATH=$(lib $LIB) timeout 120 $B/$suite > $R/$suite.txt 2>&1
+  echo "$suite rc=$? $((SECONDS-t0))s $(grep 'test cases:' $R/$suite.txt | tr -s ' ')"
+done
+ALL="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b kimi-linear-48b-a3b"
+record() {  # round
+  local t0=$SECONDS
+  [ $((TOTAL - SECONDS)) -lt 100 ] && { echo "record round $1 skipped (time)"; return; }
+  LD_LIBRARY_PATH=$(lib $LIB) timeout $((TOTAL - SECONDS - 20 < 150 ? TOTAL - SECONDS - 20 : 150)) $B/replayssm-bench bench \
+    --shapes $ALL --batch 32 256 --window 16 --drafts 8 --csv $R/record_$1.csv > $R/record_$1.txt 2>&1
+  echo "record round $1 rc=$? $((SECONDS-t0))s"
+}
+record 1
+grep -h "non-flush read\|staggered" $R/record_1.txt | grep "|  256 |" | cut -c1-130
+run_peers $((SECONDS + 200 < TOTAL ? SECONDS + 200 : TOTAL - 10))
+t0=$SECONDS
+[ $((TOTAL - SECONDS)) -gt 130 ] && { LD_LIBRARY_PATH=$(lib $LIB) timeout $((TOTAL - SECONDS - 20 < 120 ? TOTAL - SECONDS - 20 : 120)) \
+  $B/replayssm-bench bench --shapes $ALL --batch 8 16 64 128 --window 16 --drafts 8 --csv $R/other_batches.csv \
+  > $R/other_batches.txt 2>&1; echo "other batches rc=$? $((SECONDS-t0))s"; }
+record 2
+pack_results
