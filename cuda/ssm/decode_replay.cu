@@ -15,21 +15,35 @@ constexpr int kMaxNonflushRows = 512;
 // Heads per non-flush block when the launcher chooses: the most that divide the heads per key head with
 // at most kMaxNonflushRows rows (twice that for an NVFP4 read), a grid of at least kLargeGridBlocksPerSm
 // blocks per SM, and 3 blocks' shared memory within what one block may have; never fewer than `narrow`
-// (the flush kernel's choice, heads_per_block).
-int nonflush_heads_per_block(const DecodeShape& s, int L, int narrow, StorageFormat read) {
+// (the flush kernel's choice, heads_per_block). `bf16_records` (out): whether the blocks size their staged
+// records as bf16 (bf16_sized_records), which they do only where that fits more heads than the fp32 sizing:
+// elsewhere the smaller room alone cost Nemotron-3-Super's NVFP4 read 1.5-2% (H100, B = 64, session 28).
+struct NonflushBlocks {
+  int heads = 0;
+  bool bf16_records = false;
+};
+NonflushBlocks nonflush_heads_per_block(ssm::Recurrence kind, const DecodeShape& s, int L, int narrow, StorageFormat read) {
   const int max_rows = read == StorageFormat::nvfp4 ? 2 * kMaxNonflushRows : kMaxNonflushRows;
   const long min_blocks = static_cast<long>(kLargeGridBlocksPerSm) * sm_count();
-  int best = narrow;
-  for (int nh = narrow + 1; nh <= s.heads_per_group(); ++nh) {
-    // GDN's FP8 tensor-core read also stages its rows' block scales (mma_read.cuh); counted for any FP8 read.
-    const std::size_t smem =
-        sizeof(float) * (replay_shared_floats(L, s.dk, s.dv, nh, false) +
-                         (read == StorageFormat::fp8b128 ? static_cast<std::size_t>(nh) * s.dv : 0));
-    if (s.heads_per_group() % nh == 0 && nh * s.dv <= max_rows &&
-        static_cast<long>(s.batch) * s.value_heads / nh >= min_blocks && 3 * smem <= max_dynamic_smem())
-      best = nh;
+  auto widest = [&](bool bf16_records) {
+    int best = narrow;
+    for (int nh = narrow + 1; nh <= s.heads_per_group(); ++nh) {
+      // GDN's FP8 tensor-core read also stages its rows' block scales (mma_read.cuh); counted for any FP8 read.
+      const std::size_t smem =
+          sizeof(float) * (replay_shared_floats(L, s.dk, s.dv, nh, false, bf16_records) +
+                           (read == StorageFormat::fp8b128 ? static_cast<std::size_t>(nh) * s.dv : 0));
+      if (s.heads_per_group() % nh == 0 && nh * s.dv <= max_rows &&
+          static_cast<long>(s.batch) * s.value_heads / nh >= min_blocks && 3 * smem <= max_dynamic_smem())
+        best = nh;
+    }
+    return best;
+  };
+  const int fp32_sized = widest(false);
+  if (bf16_sized_records(kind, read)) {
+    const int bf16_sized = widest(true);
+    if (bf16_sized > fp32_sized) return {bf16_sized, true};
   }
-  return best;
+  return {fp32_sized, false};
 }
 
 }  // namespace
@@ -84,7 +98,7 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // This step's kernels loop over the block's (head, row) pairs, so a forced NH may exceed 256 rows;
   // the flush block's shared memory (the window's keys and every head's records) must still fit.
   auto check_flush_smem = [&](int nh, const char* option) {
-    const std::size_t flush_smem = sizeof(float) * replay_shared_floats(stage, shape.dk, shape.dv, nh, true);
+    const std::size_t flush_smem = sizeof(float) * replay_shared_floats(stage, shape.dk, shape.dv, nh, true, false);
     if (flush_smem > max_dynamic_smem())
       throw_invalid_argument((std::string("replay decode: ") + option +
                               " too large for shared memory (the flush block stages the window for every head)")
@@ -121,10 +135,12 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // block, 75f8378's kernels): the NVFP4 / FP8 / FP16 reads 1.21x / 1.15x / 1.10x faster, the FP32 read
   // 1% slower; 16 heads (1,024 rows) made the FP32 read 1.14x slower (experiments/bench/decode_2026-12-04/
   // session11/). The NVFP4 read, issue-bound, gains from 1,024 rows (H100, 2026-12-06, B = 256: Nano's read
-  // 0.880x the time with 12 heads, Super's 0.992x with 16; FP16 and FP8 lost 5-8% on Super: decode_2026-12-06/
-  // session22/). Only while the grid keeps kLargeGridBlocksPerSm blocks per SM and 3 blocks fit one SM's
-  // shared memory.
-  const int NH_read = config.heads_per_block > 0 ? NH : nonflush_heads_per_block(shape, config.window, NH, read_format);
+  // 0.880x the time with 12 heads; FP16 and FP8 lost 5-8% on Super: decode_2026-12-06/session22/). Only while the
+  // grid keeps kLargeGridBlocksPerSm blocks per SM and 3 blocks fit one SM's shared memory: at L = 16 Super's NVFP4
+  // read got 16 heads only once its records were sized as bf16 (bf16_sized_records; before, 8: session 28).
+  const NonflushBlocks wide = config.heads_per_block > 0 ? NonflushBlocks{NH, false}
+                                                         : nonflush_heads_per_block(kind, shape, config.window, NH, read_format);
+  const int NH_read = wide.heads;
   check_flush_list(config, shape);
   if (config.flush_list && kind == ssm::Recurrence::gdn && config.skip_threshold_read > 0.0f)
     throw std::invalid_argument("replay decode: GDN with skip_threshold_read > 0 takes no ReplayConfig::flush_list (its "
@@ -134,6 +150,7 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   const dim3 grid(shape.value_heads / NH_read, shape.batch),
       flush_grid(shape.value_heads / NH_flush, A.flush_list ? A.flush_count : shape.batch);
   A.nonflush_blocks = grid.x;
+  A.bf16_records = wide.bf16_records;
   A.flush_blocks = flush_grid.x;
   ReplayArgs A_flush = A;
   A_flush.heads_per_block = NH_flush;

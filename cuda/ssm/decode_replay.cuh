@@ -33,8 +33,8 @@ struct ReplayArgs {
   // Error feedback (+ef): the recur copy's writes add recur.residual (fp16 recur copy); the read
   // copy's do when read.residual is set. recur_mode is then nearest_even.
   bool recur_ef = false;
-  // Appendix F (ReplayConfig::skip_threshold_read / _flush; 0: never skip).
-  float skip_read = 0.0f, skip_flush = 0.0f;
+  float skip_read = 0.0f, skip_flush = 0.0f;  // appendix F (ReplayConfig::skip_threshold_read / _flush; 0: never)
+  bool bf16_records = false;  // non-flush blocks stage their records in bf16-sized room (bf16_sized_records)
 };
 
 // Builds the kernels' arguments from a ReplayConfig after the host-side checks every replay and
@@ -183,13 +183,31 @@ struct ReplayShared {
 constexpr int kMmaBStride = 20;
 __host__ __device__ constexpr std::size_t mma_b_floats(bool flush) { return flush ? 0 : 32 * kMmaBStride + 4; }
 
-__host__ __device__ inline std::size_t replay_shared_floats(int L, int DK, int dv, int NH, bool flush) {
-  return (flush ? static_cast<std::size_t>(L) * flush_key_stride(DK) + flush_fold_floats(DK) : 0) +
-         static_cast<std::size_t>(NH) * L * dv + 3 * static_cast<std::size_t>(NH) * L + 2 * L + 2 * NH * dv + 2 * NH +
-         kWarps + mma_b_floats(flush);
+// Floats of sh.vals: NH heads x L positions x dv as fp32 (flush blocks; GDN's u), or as the ring's bf16 where
+// `bf16_records` (bf16_sized_records): half the room, rounded up to whole 16-byte pieces so that what follows stays
+// aligned as before.
+__host__ __device__ constexpr std::size_t replay_vals_floats(bool bf16_records, int L, int dv, int NH) {
+  const std::size_t values = static_cast<std::size_t>(NH) * L * dv;
+  return bf16_records ? (values + 7) / 8 * 4 : values;
 }
 
-__device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK, int dv, int NH, bool flush) {
+// Which non-flush blocks may size sh.vals for bf16: Mamba-2's (they stage the ring's bf16 vectors) with an NVFP4
+// read, the one read whose heads per block the room decides; ReplayArgs::bf16_records says whether they do. At
+// L = 16 it lets Nemotron-3-Super's NVFP4 read take 16 heads per block (3 blocks per SM; fp32 room fits 8): 0.86x
+// the read's time on an H100 at B = 128 and 256 (experiments/bench/decode_2026-12-06/session28/, calls 3-4;
+// as landed, 0.863x / 0.853x: session30/).
+__host__ __device__ constexpr bool bf16_sized_records(ssm::Recurrence kind, StorageFormat read) {
+  return kind == ssm::Recurrence::mamba2 && read == StorageFormat::nvfp4;
+}
+
+__host__ __device__ inline std::size_t replay_shared_floats(int L, int DK, int dv, int NH, bool flush, bool bf16_records) {
+  return (flush ? static_cast<std::size_t>(L) * flush_key_stride(DK) + flush_fold_floats(DK) : 0) +
+         replay_vals_floats(bf16_records, L, dv, NH) + 3 * static_cast<std::size_t>(NH) * L + 2 * L + 2 * NH * dv +
+         2 * NH + kWarps + mma_b_floats(flush);
+}
+
+__device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK, int dv, int NH, bool flush,
+                                                     bool bf16_records) {
   ReplayShared s;
   s.stride = L;
   s.key_stride = flush_key_stride(DK);
@@ -197,7 +215,7 @@ __device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK,
   s.fold = s.keys + (flush ? static_cast<std::size_t>(L) * s.key_stride : 0);
   s.query = s.fold + (flush ? static_cast<std::size_t>(kWarps) * kFoldRows * s.key_stride : 0);
   s.vals = s.fold + (flush ? flush_fold_floats(DK) : 0);
-  s.a = s.vals + static_cast<std::size_t>(NH) * L * dv;
+  s.a = s.vals + replay_vals_floats(bf16_records, L, dv, NH);
   s.w = s.a + NH * L;
   s.beta = s.w + NH * L;
   s.c1 = s.beta + NH * L;

@@ -598,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
   // this kernel serves them (the non-flush kernel appends the record and serves the other heads).
   const bool gdn_skipped_reads = kExtras && K == ssm::Recurrence::gdn && !flush && A.skip_read > 0.0f;
   if (flush || gdn_skipped_reads) {
-    const ReplayShared sh = carve_shared(smem, A.stage, DK, bg.dv, bg.NH, true);
+    const ReplayShared sh = carve_shared(smem, A.stage, DK, bg.dv, bg.NH, true, false);
     if (flush) append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
     replay_flush_block<K, RecurF, DK, kExtras, kStreamed>(A, bg, win, sh, flush);
   }
@@ -610,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, flush_min_blocks<DK>()) replay_flush
 void decode_detail::launch_replay_flush(ssm::Recurrence kind, StorageFormat recur, const ReplayArgs& A, dim3 grid,
                                         cudaStream_t stream) {
   check_step_blocks(A, grid, true);
-  const std::size_t smem = sizeof(float) * replay_shared_floats(A.stage, A.shape.dk, A.shape.dv, A.heads_per_block, true);
+  const std::size_t smem = sizeof(float) * replay_shared_floats(A.stage, A.shape.dk, A.shape.dv, A.heads_per_block, true, false);
   with_kind(kind, [&](auto K) {
     with_dk(A.shape.dk, [&](auto DK) {
       // Launched first, as a plain launch; the non-flush kernel follows as its programmatic

@@ -455,7 +455,8 @@ __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK, kMma>(
   const bool flush = win.h + 1 >= A.window;  // the flush kernel's sequence
   nonflush_window_duties(A, bg.b, win, flush);
   if (!flush) {
-    const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false);
+    const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false,
+                                         bf16_sized_records(K, R) && A.bf16_records);
     append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
     replay_nonflush_block<K, R, DK, kSkip, kMma>(A, bg, win, sh);
   }
@@ -467,7 +468,8 @@ __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK, kMma>(
 void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat read, const ReplayArgs& A, dim3 grid,
                                            cudaStream_t stream) {
   check_step_blocks(A, grid, false);
-  const std::size_t smem = sizeof(float) * replay_shared_floats(A.window, A.shape.dk, A.shape.dv, A.heads_per_block, false);
+  const std::size_t smem = sizeof(float) * replay_shared_floats(A.window, A.shape.dk, A.shape.dv, A.heads_per_block, false,
+                                                                bf16_sized_records(kind, read) && A.bf16_records);
   with_kind(kind, [&](auto K) {
     with_dk(A.shape.dk, [&](auto DK) {
       // The skipping instantiation only when skipping is on (kSkip: see replay_nonflush_kernel).
