@@ -4,7 +4,8 @@ H lands when (a) Nemotron-3-Super's NVFP4 read takes at most 0.97 of main's time
 (b) no standard-step row of either shape at B = 64-256 (every row but the conventional and verification ones,
 whose kernels H does not touch) takes more than 1.02 of main's time, and (c) every round ran (the bench
 checks every configuration against the CPU decoders before timing it, and stops on a mismatch).
-Usage: python3 judge_h.py [--arm lib_h2] call3/r (the arm: lib_h in call 3, lib_h2 in call 4)"""
+Usage: python3 judge_h.py [--arm lib_h2] [--a-model nemotron-3-nano-4b] call3/r (the arm: lib_h in call 3, lib_h2 in
+call 4; --a-model: the shape whose NVFP4 read (a) judges, Super unless named: session 30's rule for H5 names Nano)"""
 import csv
 import lzma
 import pathlib
@@ -17,7 +18,7 @@ def load(path):
         return {(r["model"], r["kernel"], r["batch"], r["param"]): float(r["us_per_step"]) for r in csv.DictReader(f)}
 
 
-def main(folder, arm="lib_h"):
+def main(folder, arm="lib_h", a_model="nemotron-3-super"):
     r = pathlib.Path(folder)
     rounds = []
     for k in (1, 2, 3):
@@ -32,7 +33,7 @@ def main(folder, arm="lib_h"):
         ratios = [h[key] / m[key] for h, m in rounds if key in h and key in m]
         med = statistics.median(ratios)
         model, kernel, B, _ = key
-        if model == "nemotron-3-super" and kernel.startswith("non-flush read nvfp4") and B in ("128", "256"):
+        if model == a_model and kernel.startswith("non-flush read nvfp4") and B in ("128", "256"):
             ok = med <= 0.97
             verdict &= ok
             print(f"(a) {model} {kernel} B={B}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)}) {'ok' if ok else 'FAILS'}")
@@ -51,7 +52,7 @@ def main(folder, arm="lib_h"):
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    arm = "lib_h"
-    if args[:1] == ["--arm"]:
-        arm, args = args[1], args[2:]
-    sys.exit(main(args[0], arm))
+    opts = {"--arm": "lib_h", "--a-model": "nemotron-3-super"}
+    while args[:1] and args[0] in opts:
+        opts[args[0]], args = args[1], args[2:]
+    sys.exit(main(args[0], opts["--arm"], opts["--a-model"]))

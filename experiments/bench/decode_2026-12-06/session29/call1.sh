@@ -8,21 +8,23 @@
 #  3. On LIB: test_decode_cuda (lib_land only: lib_h4's ran in step 1), test_decode_kda_cuda, test_formats_cuda;
 #     a checked record round (every paper shape, B = 32 and 256); the peers graph-timed; then, time allowing,
 #     B = 8-128 and a second record round.
-# With LIB set (lib_land or lib_h4) the call skips steps 1-2 and runs the record alone on that library.
+# With LIB set (lib_land or the arm) the call skips steps 1-2 and runs the record alone on that library.
+# Another arm (session 30's H5): ARM=lib_h5 PACK=.device/pack50.tar.xz A_MODEL=nemotron-3-nano-4b (judge_h.py --a-model).
 # -> $OUT/results.tar. Judge: judge_h.py --arm lib_h4 r; decode_targets.py r/record_*.csv.xz [r/other_batches.csv.xz]
 #    --peers r/peers_*.csv.xz. Run from the repository root: TOTAL=590 bash experiments/bench/decode_2026-12-06/session29/call1.sh
 source experiments/bench/decode_2026-12-05/device_common.sh
 TOTAL=${TOTAL:-590}
-ARM=lib_h4
+ARM=${ARM:-lib_h4}
+A_MODEL=${A_MODEL:-nemotron-3-super}
 RECORD_ONLY=${LIB:+1}
-case "${LIB:-}" in ""|lib_land|lib_h4) ;; *) echo "call1.sh: LIB must be lib_land or lib_h4 (pack49's libraries), got '$LIB'" >&2; exit 2;; esac
+case "${LIB:-}" in ""|lib_land|"$ARM") ;; *) echo "call1.sh: LIB must be lib_land or $ARM (the pack's libraries), got '$LIB'" >&2; exit 2;; esac
 unpack_pack ${PACK:-.device/pack49.tar.xz} lib_land
 lib() { echo "$A/$1$SYS"; }
 cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
 if [ -z "$RECORD_ONLY" ]; then
   t0=$SECONDS
-  LD_LIBRARY_PATH=$(lib $ARM) timeout 100 $B/test_decode_cuda > $R/test_decode_cuda_h4.txt 2>&1
-  arm_test=$?; echo "test_decode_cuda ($ARM) rc=$arm_test $((SECONDS-t0))s"; tail -n 2 $R/test_decode_cuda_h4.txt
+  LD_LIBRARY_PATH=$(lib $ARM) timeout 100 $B/test_decode_cuda > $R/test_decode_cuda_${ARM#lib_}.txt 2>&1
+  arm_test=$?; echo "test_decode_cuda ($ARM) rc=$arm_test $((SECONDS-t0))s"; tail -n 2 $R/test_decode_cuda_${ARM#lib_}.txt
   for round in 1 2 3; do
     order="$ARM lib_land"; [ $((round % 2)) = 0 ] && order="lib_land $ARM"
     for l in $order; do t0=$SECONDS
@@ -32,7 +34,7 @@ if [ -z "$RECORD_ONLY" ]; then
     done
   done
   J=$(mktemp -d); for f in $R/ab_*.csv; do xz -c $f > $J/$(basename $f).xz; done
-  python3 experiments/bench/decode_2026-12-06/session28/judge_h.py --arm $ARM $J > $R/judge_device.txt 2>&1; cat $R/judge_device.txt
+  python3 experiments/bench/decode_2026-12-06/session28/judge_h.py --arm $ARM --a-model $A_MODEL $J > $R/judge_device.txt 2>&1; cat $R/judge_device.txt
   LIB=lib_land; [ $arm_test = 0 ] && grep -q "^H LANDS" $R/judge_device.txt && LIB=$ARM
 fi
 echo "$LIB" > $R/library.txt; echo "record library: $LIB"
