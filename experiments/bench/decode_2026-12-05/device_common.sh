@@ -4,6 +4,8 @@
 #     image lacks a host library the binaries need (checked against $A/LIB), else empty; gpu.txt written.
 #   run_peers END: vLLM (at most 120 s) and FlashInfer from .device/peers_slim.tar.xz at B = 32-256, L = 16,
 #     until END seconds of the call ($SECONDS) -> $R/peers_*.
+#   ab_rounds ARM: three A/B rounds of the bench, ARM and lib_land alternating (ARM first in odd rounds), Super and Nano
+#     at B = 64, 128, 256, each configuration checked against the CPU decoders -> $R/ab_{ARM,lib_land}_{1,2,3}.{csv,txt}.
 #   pack_results: repository paths replaced, files compressed, $OUT/results.tar.
 set -u
 unpack_pack() {
@@ -17,6 +19,17 @@ unpack_pack() {
   A=$PWD/.device/a; B=$A/bin
   SYS=""; LD_LIBRARY_PATH=$A/$2 ldd $B/replayssm-bench | grep -q "not found" && SYS=":$A/sys"
   nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt 2>&1
+}
+ab_rounds() {
+  local round order l t0
+  for round in 1 2 3; do
+    order="$1 lib_land"; [ $((round % 2)) = 0 ] && order="lib_land $1"
+    for l in $order; do t0=$SECONDS
+      LD_LIBRARY_PATH=$A/$l$SYS timeout 60 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b \
+        --batch 64 128 256 --window 16 --drafts 8 --csv $R/ab_${l}_$round.csv > $R/ab_${l}_$round.txt 2>&1
+      echo "ab $l round $round rc=$? $((SECONDS-t0))s"
+    done
+  done
 }
 pack_results() {
   sed -i "s#$PWD#<repository>#g" $R/*.txt $R/*.csv $R/*.log 2>/dev/null

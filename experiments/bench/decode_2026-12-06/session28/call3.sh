@@ -18,14 +18,7 @@ cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
 t0=$SECONDS
 LD_LIBRARY_PATH=$(lib lib_h) timeout 100 $B/test_decode_cuda > $R/test_decode_cuda_h.txt 2>&1
 echo "test_decode_cuda (lib_h) rc=$? $((SECONDS-t0))s"; tail -n 3 $R/test_decode_cuda_h.txt
-for round in 1 2 3; do
-  order="lib_h lib_land"; [ $((round % 2)) = 0 ] && order="lib_land lib_h"
-  for l in $order; do t0=$SECONDS
-    LD_LIBRARY_PATH=$(lib $l) timeout 60 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b \
-      --batch 64 128 256 --window 16 --drafts 8 --csv $R/ab_${l}_$round.csv > $R/ab_${l}_$round.txt 2>&1
-    echo "ab $l round $round rc=$? $((SECONDS-t0))s"
-  done
-done
+ab_rounds lib_h
 grep -H "non-flush read nvfp4" $R/ab_*_1.txt | grep "|  256 |" | cut -c1-160
 ALL="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b kimi-linear-48b-a3b"
 for round in 1 2; do

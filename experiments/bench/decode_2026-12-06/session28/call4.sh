@@ -18,14 +18,7 @@ cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
 t0=$SECONDS
 LD_LIBRARY_PATH=$(lib $ARM) timeout 100 $B/test_decode_cuda > $R/test_decode_cuda_${ARM#lib_}.txt 2>&1
 echo "test_decode_cuda ($ARM) rc=$? $((SECONDS-t0))s"; tail -n 3 $R/test_decode_cuda_${ARM#lib_}.txt
-for round in 1 2 3; do
-  order="$ARM lib_land"; [ $((round % 2)) = 0 ] && order="lib_land $ARM"
-  for l in $order; do t0=$SECONDS
-    LD_LIBRARY_PATH=$(lib $l) timeout 60 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b \
-      --batch 64 128 256 --window 16 --drafts 8 --csv $R/ab_${l}_$round.csv > $R/ab_${l}_$round.txt 2>&1
-    echo "ab $l round $round rc=$? $((SECONDS-t0))s"
-  done
-done
+ab_rounds $ARM
 grep -H "non-flush read nvfp4" $R/ab_*_1.txt | grep "|  256 |" | cut -c1-160
 t0=$SECONDS
 [ $((TOTAL - SECONDS)) -gt 45 ] && { LD_LIBRARY_PATH=$(lib $ARM) timeout $((TOTAL - SECONDS - 10)) $B/replayssm-bench bench \

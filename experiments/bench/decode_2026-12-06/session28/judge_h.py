@@ -6,6 +6,7 @@ whose kernels H does not touch) takes more than 1.02 of main's time, and (c) eve
 checks every configuration against the CPU decoders before timing it, and stops on a mismatch).
 Usage: python3 judge_h.py [--arm lib_h2] [--a-model nemotron-3-nano-4b] call3/r (the arm: lib_h in call 3, lib_h2 in
 call 4; --a-model: the shape whose NVFP4 read (a) judges, Super unless named: session 30's rule for H5 names Nano)"""
+import argparse
 import csv
 import lzma
 import pathlib
@@ -28,7 +29,7 @@ def main(folder, arm="lib_h", a_model="nemotron-3-super"):
             return 1
         rounds.append((load(h), load(m)))
     keys = sorted(set(rounds[0][0]) & set(rounds[0][1]))
-    worst, verdict = [], True
+    worst, verdict, judged_a = [], True, 0
     for key in keys:
         ratios = [h[key] / m[key] for h, m in rounds if key in h and key in m]
         med = statistics.median(ratios)
@@ -36,8 +37,13 @@ def main(folder, arm="lib_h", a_model="nemotron-3-super"):
         if model == a_model and kernel.startswith("non-flush read nvfp4") and B in ("128", "256"):
             ok = med <= 0.97
             verdict &= ok
+            judged_a += 1
             print(f"(a) {model} {kernel} B={B}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)}) {'ok' if ok else 'FAILS'}")
         worst.append((med, key, ratios))
+    if judged_a != 2:
+        # A misspelt --a-model (or rounds without B = 128 / 256) would otherwise pass (a) by judging nothing.
+        sys.exit(f"judge_h.py: {folder}: (a) found {judged_a} NVFP4-read rows of {a_model!r} at B = 128 and 256, "
+                 f"expected 2 (models in the rounds: {', '.join(sorted({k[0] for k in keys}))})")
     worst.sort(reverse=True)
     for med, key, ratios in worst[:8]:
         print(f"slowest: {key[0]} {key[1]} B={key[2]}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)})")
@@ -51,8 +57,9 @@ def main(folder, arm="lib_h", a_model="nemotron-3-super"):
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    opts = {"--arm": "lib_h", "--a-model": "nemotron-3-super"}
-    while args[:1] and args[0] in opts:
-        opts[args[0]], args = args[1], args[2:]
-    sys.exit(main(args[0], opts["--arm"], opts["--a-model"]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", help="the call's results folder (ab_<arm>_<k>.csv.xz, ab_lib_land_<k>.csv.xz)")
+    ap.add_argument("--arm", default="lib_h")
+    ap.add_argument("--a-model", default="nemotron-3-super")
+    a = ap.parse_args()
+    sys.exit(main(a.folder, a.arm, a.a_model))

@@ -20,19 +20,13 @@ RECORD_ONLY=${LIB:+1}
 case "${LIB:-}" in ""|lib_land|"$ARM") ;; *) echo "call1.sh: LIB must be lib_land or $ARM (the pack's libraries), got '$LIB'" >&2; exit 2;; esac
 unpack_pack ${PACK:-.device/pack49.tar.xz} lib_land
 lib() { echo "$A/$1$SYS"; }
+[ -d "$A/$ARM" ] && [ -d "$A/lib_land" ] || { echo "call1.sh: ${PACK:-.device/pack49.tar.xz} holds $(ls -d $A/lib_* | xargs -n1 basename | tr '\n' ' '), not $ARM and lib_land" >&2; exit 2; }
 cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
 if [ -z "$RECORD_ONLY" ]; then
   t0=$SECONDS
   LD_LIBRARY_PATH=$(lib $ARM) timeout 100 $B/test_decode_cuda > $R/test_decode_cuda_${ARM#lib_}.txt 2>&1
   arm_test=$?; echo "test_decode_cuda ($ARM) rc=$arm_test $((SECONDS-t0))s"; tail -n 2 $R/test_decode_cuda_${ARM#lib_}.txt
-  for round in 1 2 3; do
-    order="$ARM lib_land"; [ $((round % 2)) = 0 ] && order="lib_land $ARM"
-    for l in $order; do t0=$SECONDS
-      LD_LIBRARY_PATH=$(lib $l) timeout 60 $B/replayssm-bench bench --shapes nemotron-3-super nemotron-3-nano-4b \
-        --batch 64 128 256 --window 16 --drafts 8 --csv $R/ab_${l}_$round.csv > $R/ab_${l}_$round.txt 2>&1
-      echo "ab $l round $round rc=$? $((SECONDS-t0))s"
-    done
-  done
+  ab_rounds $ARM
   J=$(mktemp -d); for f in $R/ab_*.csv; do xz -c $f > $J/$(basename $f).xz; done
   python3 experiments/bench/decode_2026-12-06/session28/judge_h.py --arm $ARM --a-model $A_MODEL $J > $R/judge_device.txt 2>&1; cat $R/judge_device.txt
   LIB=lib_land; [ $arm_test = 0 ] && grep -q "^H LANDS" $R/judge_device.txt && LIB=$ARM
