@@ -6,10 +6,13 @@
 #     until END seconds of the call ($SECONDS) -> $R/peers_*.
 #   ab_rounds ARM: three A/B rounds of the bench, ARM and lib_land alternating (ARM first in odd rounds), Super and Nano
 #     at B = 64, 128, 256, each configuration checked against the CPU decoders -> $R/ab_{ARM,lib_land}_{1,2,3}.{csv,txt}.
+#   snapshot_results: $OUT/results.tar from what $R holds now (call it after each step that took minutes).
 #   pack_results: repository paths replaced, files compressed, $OUT/results.tar.
+# $R lives outside $OUT: at most 8 files come back from $OUT, so a call stopped at its time limit before
+# pack_results returned 8 loose files of its dozens (session 31); with $R outside, $OUT holds only the last snapshot.
 set -u
 unpack_pack() {
-  R=$OUT/r; mkdir -p $R
+  R=${RESULTS_ROOT:-/tmp/device_results}/r; rm -rf $R; mkdir -p $R
   mkdir -p .device/a && tar -C .device/a -xJf "$1"
   # test_formats_cuda's golden file (1.2 MB) is among what slim_tree.sh leaves out of the tree that travels: carry
   # it as .device/formats_v1.json.xz (session 30: without it the suite's golden case fails).
@@ -31,9 +34,13 @@ ab_rounds() {
     done
   done
 }
+snapshot_results() {  # uncompressed, paths as they are; replaced atomically, so a stop mid-write keeps the last one
+  tar -C $(dirname $R) -cf $OUT/results.tar.part r && mv $OUT/results.tar.part $OUT/results.tar
+}
 pack_results() {
   sed -i "s#$PWD#<repository>#g" $R/*.txt $R/*.csv $R/*.log 2>/dev/null
-  xz -9 -T8 $R/*.txt $R/*.csv $R/*.log 2>/dev/null; tar -C $OUT -cf $OUT/results.tar r && rm -rf $R; ls -la $OUT
+  xz -9 -T8 $R/*.txt $R/*.csv $R/*.log 2>/dev/null
+  tar -C $(dirname $R) -cf $OUT/results.tar.part r && mv $OUT/results.tar.part $OUT/results.tar && rm -rf $R; ls -la $OUT
 }
 run_peers() {
   local end=$1 left t0

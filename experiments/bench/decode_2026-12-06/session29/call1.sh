@@ -30,6 +30,7 @@ if [ -z "$RECORD_ONLY" ]; then
   J=$(mktemp -d); for f in $R/ab_*.csv; do xz -c $f > $J/$(basename $f).xz; done
   python3 experiments/bench/decode_2026-12-06/session28/judge_h.py --arm $ARM --a-model $A_MODEL $J > $R/judge_device.txt 2>&1; cat $R/judge_device.txt
   LIB=lib_land; [ $arm_test = 0 ] && grep -q "^H LANDS" $R/judge_device.txt && LIB=$ARM
+  snapshot_results
 fi
 echo "$LIB" > $R/library.txt; echo "record library: $LIB"
 LD_LIBRARY_PATH=$(lib $LIB) $B/replayssm-bench --version > $R/version.txt 2>&1
@@ -47,8 +48,10 @@ record() {  # round
   echo "record round $1 rc=$? $((SECONDS-t0))s"
 }
 record 1
+snapshot_results
 grep -h "non-flush read\|staggered" $R/record_1.txt | grep "|  256 |" | cut -c1-130
 run_peers $((SECONDS + 200 < TOTAL ? SECONDS + 200 : TOTAL - 10))
+snapshot_results
 t0=$SECONDS
 [ $((TOTAL - SECONDS)) -gt 130 ] && { LD_LIBRARY_PATH=$(lib $LIB) timeout $((TOTAL - SECONDS - 20 < 120 ? TOTAL - SECONDS - 20 : 120)) \
   $B/replayssm-bench bench --shapes $ALL --batch 8 16 64 128 --window 16 --drafts 8 --csv $R/other_batches.csv \

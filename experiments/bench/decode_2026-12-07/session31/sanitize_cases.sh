@@ -28,5 +28,7 @@ one_case() {
   echo "$suite $n rc=$rc $((SECONDS - t0))s | $(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" $R/${TOOL}_${suite}_$n.txt | tr '\n' ' ')| $(grep -h 'test cases:' $R/${TOOL}_${suite}_$n.txt | tr -s ' ')"
 }
 export -f one_case
+( while sleep 30; do snapshot_results; done ) & snapshots=$!  # what has run comes back even if the call is stopped
 xargs -d '\n' -P $PAR -I{} bash -c 'one_case "$1"' _ {} < $R/cases.txt | sort | tee $R/summary.txt
+kill $snapshots; wait $snapshots 2>/dev/null
 pack_results
