@@ -20,7 +20,8 @@ RECORD_ONLY=${LIB:+1}
 case "${LIB:-}" in ""|lib_land|"$ARM") ;; *) echo "call1.sh: LIB must be lib_land or $ARM (the pack's libraries), got '$LIB'" >&2; exit 2;; esac
 unpack_pack ${PACK:-.device/pack49.tar.xz} lib_land
 lib() { echo "$A/$1$SYS"; }
-[ -d "$A/$ARM" ] && [ -d "$A/lib_land" ] || { echo "call1.sh: ${PACK:-.device/pack49.tar.xz} holds $(ls -d $A/lib_* | xargs -n1 basename | tr '\n' ' '), not $ARM and lib_land" >&2; exit 2; }
+if [ -n "$RECORD_ONLY" ]; then NEEDS=$LIB; else NEEDS="lib_land $ARM"; fi  # a record alone needs only its library
+for l in $NEEDS; do [ -d "$A/$l" ] || { echo "call1.sh: ${PACK:-.device/pack49.tar.xz} holds $(ls -d $A/lib_* | xargs -n1 basename | tr '\n' ' '), not $l" >&2; exit 2; }; done
 cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
 if [ -z "$RECORD_ONLY" ]; then
   t0=$SECONDS
