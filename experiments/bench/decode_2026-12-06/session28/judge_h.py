@@ -5,8 +5,11 @@ H lands when (a) Nemotron-3-Super's NVFP4 read takes at most 0.97 of main's time
 whose kernels H does not touch) takes more than 1.02 of main's time, and (c) every round ran (the bench
 checks every configuration against the CPU decoders before timing it, and stops on a mismatch).
 Usage: python3 judge_h.py [--arm lib_h2] [--a-model nemotron-3-nano-4b] call3/r (the arm: lib_h in call 3, lib_h2 in
-call 4; --a-model: the shape whose NVFP4 read (a) judges, Super unless named: session 30's rule for H5 names Nano)"""
+call 4; --a-model: the shape whose NVFP4 read (a) judges, Super unless named: session 30's rule for H5 names Nano).
+--a-rows skipping (session 31's rule for H6): (a) judges instead the geometric mean of the 12 NVFP4 reads with
+appendix F skipping (both shapes; 0, 50 and 100% of heads skipped; B = 128 and 256), which must be at most 0.96."""
 import argparse
+import math
 import csv
 import lzma
 import pathlib
@@ -19,7 +22,7 @@ def load(path):
         return {(r["model"], r["kernel"], r["batch"], r["param"]): float(r["us_per_step"]) for r in csv.DictReader(f)}
 
 
-def main(folder, arm="lib_h", a_model="nemotron-3-super"):
+def main(folder, arm="lib_h", a_model="nemotron-3-super", a_rows="read"):
     r = pathlib.Path(folder)
     rounds = []
     for k in (1, 2, 3):
@@ -29,18 +32,28 @@ def main(folder, arm="lib_h", a_model="nemotron-3-super"):
             return 1
         rounds.append((load(h), load(m)))
     keys = sorted(set(rounds[0][0]) & set(rounds[0][1]))
-    worst, verdict, judged_a = [], True, 0
+    worst, verdict, judged_a, skipping = [], True, 0, []
     for key in keys:
         ratios = [h[key] / m[key] for h, m in rounds if key in h and key in m]
         med = statistics.median(ratios)
         model, kernel, B, _ = key
-        if model == a_model and kernel.startswith("non-flush read nvfp4") and B in ("128", "256"):
+        if a_rows == "skipping":
+            if kernel.startswith("nvfp4 read skip=") and B in ("128", "256"):
+                skipping.append(med)
+                print(f"(a) row {model} {kernel} B={B}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)})")
+        elif model == a_model and kernel.startswith("non-flush read nvfp4") and B in ("128", "256"):
             ok = med <= 0.97
             verdict &= ok
             judged_a += 1
             print(f"(a) {model} {kernel} B={B}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)}) {'ok' if ok else 'FAILS'}")
         worst.append((med, key, ratios))
-    if judged_a != 2:
+    if a_rows == "skipping":
+        if len(skipping) != 12:
+            sys.exit(f"judge_h.py: {folder}: (a) found {len(skipping)} skipping NVFP4-read rows at B = 128 and 256, expected 12")
+        mean = math.exp(sum(math.log(x) for x in skipping) / len(skipping))
+        verdict &= mean <= 0.96
+        print(f"(a) geometric mean of the 12 skipping NVFP4 reads: {mean:.3f} {'ok' if mean <= 0.96 else 'FAILS'}")
+    elif judged_a != 2:
         # A misspelt --a-model (or rounds without B = 128 / 256) would otherwise pass (a) by judging nothing.
         sys.exit(f"judge_h.py: {folder}: (a) found {judged_a} NVFP4-read rows of {a_model!r} at B = 128 and 256, "
                  f"expected 2 (models in the rounds: {', '.join(sorted({k[0] for k in keys}))})")
@@ -61,5 +74,6 @@ if __name__ == "__main__":
     ap.add_argument("folder", help="the call's results folder (ab_<arm>_<k>.csv.xz, ab_lib_land_<k>.csv.xz)")
     ap.add_argument("--arm", default="lib_h")
     ap.add_argument("--a-model", default="nemotron-3-super")
+    ap.add_argument("--a-rows", choices=("read", "skipping"), default="read")
     a = ap.parse_args()
-    sys.exit(main(a.folder, a.arm, a.a_model))
+    sys.exit(main(a.folder, a.arm, a.a_model, a.a_rows))

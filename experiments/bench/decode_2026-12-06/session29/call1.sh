@@ -9,7 +9,8 @@
 #     a checked record round (every paper shape, B = 32 and 256); the peers graph-timed; then, time allowing,
 #     B = 8-128 and a second record round.
 # With LIB set (lib_land or the arm) the call skips steps 1-2 and runs the record alone on that library.
-# Another arm (session 30's H5): ARM=lib_h5 PACK=.device/pack50.tar.xz A_MODEL=nemotron-3-nano-4b (judge_h.py --a-model).
+# Another arm (session 30's H5): ARM=lib_h5 PACK=.device/pack50.tar.xz A_MODEL=nemotron-3-nano-4b (judge_h.py --a-model);
+# session 31's H6: ARM=lib_h6 PACK=.device/pack51.tar.xz A_ROWS=skipping (judge_h.py --a-rows).
 # -> $OUT/results.tar. Judge: judge_h.py --arm lib_h4 r; decode_targets.py r/record_*.csv.xz [r/other_batches.csv.xz]
 #    --peers r/peers_*.csv.xz. Run from the repository root: TOTAL=590 bash experiments/bench/decode_2026-12-06/session29/call1.sh
 source experiments/bench/decode_2026-12-05/device_common.sh
@@ -29,7 +30,7 @@ if [ -z "$RECORD_ONLY" ]; then
   arm_test=$?; echo "test_decode_cuda ($ARM) rc=$arm_test $((SECONDS-t0))s"; tail -n 2 $R/test_decode_cuda_${ARM#lib_}.txt
   ab_rounds $ARM
   J=$(mktemp -d); for f in $R/ab_*.csv; do xz -c $f > $J/$(basename $f).xz; done
-  python3 experiments/bench/decode_2026-12-06/session28/judge_h.py --arm $ARM --a-model $A_MODEL $J > $R/judge_device.txt 2>&1; cat $R/judge_device.txt
+  python3 experiments/bench/decode_2026-12-06/session28/judge_h.py --arm $ARM --a-model $A_MODEL --a-rows ${A_ROWS:-read} $J > $R/judge_device.txt 2>&1; cat $R/judge_device.txt
   LIB=lib_land; [ $arm_test = 0 ] && grep -q "^H LANDS" $R/judge_device.txt && LIB=$ARM
   snapshot_results
 fi
