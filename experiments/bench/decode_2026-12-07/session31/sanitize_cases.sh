@@ -5,14 +5,14 @@
 # pattern and a comma separates filters, so each name is cut at its first comma and ends in '*'); the skipped child
 # case of test_decode_cuda is run by its parent.
 # Run from the repository root on the device:
-#   TOOL=racecheck LIB=lib_land PACK=.device/pack50.tar.xz PAR=10 TOTAL=560 bash experiments/bench/decode_2026-12-07/session31/sanitize_cases.sh
+#   TOOL=racecheck LIB=lib_land PACK=.device/pack51.tar.xz PAR=10 TOTAL=560 bash experiments/bench/decode_2026-12-07/session31/sanitize_cases.sh
 # -> $OUT/results.tar: r/<tool>_<suite>_<case>.txt per case, r/summary.txt (the sanitizer's summary line, doctest's
 #    count and the exit status of every case).
 source experiments/bench/decode_2026-12-05/device_common.sh
 TOOL=${TOOL:-racecheck}; LIB=${LIB:-lib_land}; PAR=${PAR:-10}; TOTAL=${TOTAL:-560}
 case $TOOL in memcheck) EXTRA="--leak-check full";; racecheck|initcheck|synccheck) EXTRA="";;
   *) echo "sanitize_cases.sh: TOOL must be memcheck, racecheck, initcheck or synccheck, got '$TOOL'" >&2; exit 2;; esac
-unpack_pack ${PACK:-.device/pack50.tar.xz} $LIB
+unpack_pack ${PACK:-.device/pack51.tar.xz} $LIB
 [ -d "$A/$LIB" ] || { echo "sanitize_cases.sh: the pack has no $LIB" >&2; exit 2; }
 cat $A/bin/COMMIT > $R/pack_commit.txt; echo "$LIB" > $R/library.txt; cat $R/gpu.txt
 for suite in test_decode_cuda test_decode_kda_cuda; do
