@@ -12,7 +12,7 @@
 # pack_results returned 8 loose files of its dozens (session 31); with $R outside, $OUT holds only the last snapshot.
 set -u
 unpack_pack() {
-  R=${RESULTS_ROOT:-/tmp/device_results}/r; rm -rf $R; mkdir -p $R
+  R=$PWD/.device/results/r; rm -rf $R; mkdir -p $R  # .device/ is git-ignored
   mkdir -p .device/a && tar -C .device/a -xJf "$1"
   # test_formats_cuda's golden file (1.2 MB) is among what slim_tree.sh leaves out of the tree that travels: carry
   # it as .device/formats_v1.json.xz (session 30: without it the suite's golden case fails).
@@ -40,7 +40,7 @@ snapshot_results() {  # uncompressed, paths as they are; replaced atomically, so
 pack_results() {
   sed -i "s#$PWD#<repository>#g" $R/*.txt $R/*.csv $R/*.log 2>/dev/null
   xz -9 -T8 $R/*.txt $R/*.csv $R/*.log 2>/dev/null
-  tar -C $(dirname $R) -cf $OUT/results.tar.part r && mv $OUT/results.tar.part $OUT/results.tar && rm -rf $R; ls -la $OUT
+  snapshot_results && rm -rf $R; ls -la $OUT
 }
 run_peers() {
   local end=$1 left t0

@@ -73,7 +73,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", help="the call's results folder (ab_<arm>_<k>.csv.xz, ab_lib_land_<k>.csv.xz)")
     ap.add_argument("--arm", default="lib_h")
-    ap.add_argument("--a-model", default="nemotron-3-super")
+    ap.add_argument("--a-model", default=None, help="default nemotron-3-super; with --a-rows read only")
     ap.add_argument("--a-rows", choices=("read", "skipping"), default="read")
     a = ap.parse_args()
-    sys.exit(main(a.folder, a.arm, a.a_model, a.a_rows))
+    if a.a_rows == "skipping" and a.a_model is not None:
+        ap.error("--a-model names the shape of the NVFP4 read that --a-rows read judges; --a-rows skipping judges both shapes")
+    sys.exit(main(a.folder, a.arm, a.a_model or "nemotron-3-super", a.a_rows))

@@ -16,7 +16,7 @@
 source experiments/bench/decode_2026-12-05/device_common.sh
 TOTAL=${TOTAL:-590}
 ARM=${ARM:-lib_h4}
-A_MODEL=${A_MODEL:-nemotron-3-super}
+A_MODEL=${A_MODEL:-}  # judge_h.py --a-model (its default: Super); not with A_ROWS=skipping
 RECORD_ONLY=${LIB:+1}
 case "${LIB:-}" in ""|lib_land|"$ARM") ;; *) echo "call1.sh: LIB must be lib_land or $ARM (the pack's libraries), got '$LIB'" >&2; exit 2;; esac
 unpack_pack ${PACK:-.device/pack49.tar.xz} lib_land
@@ -30,7 +30,7 @@ if [ -z "$RECORD_ONLY" ]; then
   arm_test=$?; echo "test_decode_cuda ($ARM) rc=$arm_test $((SECONDS-t0))s"; tail -n 2 $R/test_decode_cuda_${ARM#lib_}.txt
   ab_rounds $ARM
   J=$(mktemp -d); for f in $R/ab_*.csv; do xz -c $f > $J/$(basename $f).xz; done
-  python3 experiments/bench/decode_2026-12-06/session28/judge_h.py --arm $ARM --a-model $A_MODEL --a-rows ${A_ROWS:-read} $J > $R/judge_device.txt 2>&1; cat $R/judge_device.txt
+  python3 experiments/bench/decode_2026-12-06/session28/judge_h.py --arm $ARM ${A_MODEL:+--a-model $A_MODEL} --a-rows ${A_ROWS:-read} $J > $R/judge_device.txt 2>&1; cat $R/judge_device.txt
   LIB=lib_land; [ $arm_test = 0 ] && grep -q "^H LANDS" $R/judge_device.txt && LIB=$ARM
   snapshot_results
 fi
