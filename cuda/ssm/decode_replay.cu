@@ -16,16 +16,18 @@ constexpr int kMaxNonflushRows = 512;
 // at most kMaxNonflushRows rows (twice that for an NVFP4 read), a grid of at least kLargeGridBlocksPerSm
 // blocks per SM, and 3 blocks' shared memory within what one block may have; never fewer than `narrow`
 // (the flush kernel's choice, heads_per_block). `bf16_records` (out): whether the blocks size their staged
-// records as bf16 (bf16_sized_records), which they do only where that fits more heads than the fp32 sizing:
+// records as bf16 (bf16_sized_records), which they do only where that fits more heads than the fp32 sizing
+// or, for the Mamba-2 NVFP4 tensor-core read with appendix F skipping (`skip_read`), room for its 4 blocks per SM:
 // elsewhere the smaller room alone cost Nemotron-3-Super's NVFP4 read 1.5-2% (H100, B = 64, session 28).
 struct NonflushBlocks {
   int heads = 0;
   bool bf16_records = false;
 };
-NonflushBlocks nonflush_heads_per_block(ssm::Recurrence kind, const DecodeShape& s, int L, int narrow, StorageFormat read) {
+NonflushBlocks nonflush_heads_per_block(ssm::Recurrence kind, const DecodeShape& s, int L, int narrow, StorageFormat read,
+                                        bool skip_read) {
   const int max_rows = read == StorageFormat::nvfp4 ? 2 * kMaxNonflushRows : kMaxNonflushRows;
   const long min_blocks = static_cast<long>(kLargeGridBlocksPerSm) * sm_count();
-  auto widest = [&](bool bf16_records) {
+  auto widest = [&](bool bf16_records, int blocks_per_sm) {
     int best = narrow;
     for (int nh = narrow + 1; nh <= s.heads_per_group(); ++nh) {
       // GDN's FP8 tensor-core read also stages its rows' block scales (mma_read.cuh); counted for any FP8 read.
@@ -33,14 +35,21 @@ NonflushBlocks nonflush_heads_per_block(ssm::Recurrence kind, const DecodeShape&
           sizeof(float) * (replay_shared_floats(L, s.dk, s.dv, nh, false, bf16_records) +
                            (read == StorageFormat::fp8b128 ? static_cast<std::size_t>(nh) * s.dv : 0));
       if (s.heads_per_group() % nh == 0 && nh * s.dv <= max_rows &&
-          static_cast<long>(s.batch) * s.value_heads / nh >= min_blocks && 3 * smem <= max_dynamic_smem())
+          static_cast<long>(s.batch) * s.value_heads / nh >= min_blocks && blocks_per_sm * smem <= max_dynamic_smem())
         best = nh;
     }
     return best;
   };
-  const int fp32_sized = widest(false);
+  const int fp32_sized = widest(false, 3);
   if (bf16_sized_records(kind, read)) {
-    const int bf16_sized = widest(true);
+    // Where the grid is large enough for the tensor-core read and it skips (its skipping instance runs 4 blocks
+    // per SM: nonflush_min_blocks), bf16 records and room for 4 blocks, as long as that keeps the heads the fp32
+    // sizing gave.
+    const int four_blocks = widest(true, 4);
+    if (skip_read && tensor_core_read_serves(s.dk, s.dv) && four_blocks >= fp32_sized &&
+        static_cast<long>(s.batch) * s.value_heads / four_blocks >= min_blocks)
+      return {four_blocks, true};
+    const int bf16_sized = widest(true, 3);
     if (bf16_sized > fp32_sized) return {bf16_sized, true};
   }
   return {fp32_sized, false};
@@ -139,7 +148,8 @@ void replay_step(ssm::Recurrence kind, const DecodeShape& shape, const StepInput
   // grid keeps kLargeGridBlocksPerSm blocks per SM and 3 blocks fit one SM's shared memory: at L = 16 Super's NVFP4
   // read got 16 heads only once its records were sized as bf16 (bf16_sized_records; before, 8: session 28).
   const NonflushBlocks wide = config.heads_per_block > 0 ? NonflushBlocks{NH, false}
-                                                         : nonflush_heads_per_block(kind, shape, config.window, NH, read_format);
+                                                         : nonflush_heads_per_block(kind, shape, config.window, NH, read_format,
+                                                                                   config.skip_threshold_read > 0.0f);
   const int NH_read = wide.heads;
   check_flush_list(config, shape);
   if (config.flush_list && kind == ssm::Recurrence::gdn && config.skip_threshold_read > 0.0f)

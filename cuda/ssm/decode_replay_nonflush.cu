@@ -266,7 +266,10 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
     {
       // Units (tile, slab): S slabs per 16-row tile (1 for NVFP4 at dk = 128), kUnits in flight; a loop
       // iteration covers G tiles so that every slab and buffer index is a compile-time constant.
-      constexpr int S = DK / (4 * E), kUnits = 2, G = S >= kUnits ? 1 : kUnits / S, UI = G * S;
+      // Mamba-2's skipping instance: one tile in flight beyond the current one, so that 4 blocks per SM fit 64
+      // registers (nonflush_min_blocks).
+      constexpr int S = DK / (4 * E), kUnits = K == ssm::Recurrence::mamba2 && kSkip ? 1 : 2, G = S >= kUnits ? 1 : kUnits / S,
+                    UI = G * S;
       static_assert(S == 1, "load_mma_unit loads whole 16-row tiles (one slab at dk = 128)");
       const int tiles = rows_total / 16;
       const int my_tiles = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;
@@ -435,20 +438,25 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
 // the chunked record staging): the plain Mamba-2 instances spill at fp8b128/dk 128 (24 B) and fp32/dk 256
 // (24 B), GDN at nvfp4 (4 B), and several kSkip instances 4-104 B. Nsight Compute shows the low-precision reads issue-bound, not
 // spill-bound (experiments/bench/decode_2026-12-04/README.md), so the bounds were left as they are.
-template <ssm::Recurrence K, StorageFormat R, int DK, bool kMma>
+template <ssm::Recurrence K, StorageFormat R, int DK, bool kMma, bool kSkip>
 constexpr int nonflush_min_blocks() {
   // The tensor-core read (NVFP4): 16 B-fragment registers, 2 tiles of loads and accumulators per lane;
   // ptxas -v, sm_90: no spills at 3 blocks per SM (120 B at 4, Mamba-2).
   // GDN's FP8 tensor-core read: 64 registers without spills at 4 blocks per SM (ptxas -v, sm_90, 2026-12-06;
   // its skipping instance spills 24 B); at 3 blocks per SM it was slower than the CUDA-core read.
   if (kMma && R == StorageFormat::fp8b128) return 4;
+  // Mamba-2's NVFP4 tensor-core read with appendix F skipping: 4 blocks per SM with one tile in flight. Measured
+  // for both instances (H5, H100, session 31): the skipping reads took 0.89-0.98x the time at B = 64-256; the plain
+  // read 1.00-1.06x at B = 128-256, so it keeps 3 blocks and two tiles in flight. This instance alone (H6, H100,
+  // session 32): its 12 skipping NVFP4 reads 0.885-0.975x (geometric mean 0.936), no other row above 1.024x.
+  if (kMma && K == ssm::Recurrence::mamba2 && kSkip) return 4;
   if (kMma) return 3;
   if (DK == 256 || R == StorageFormat::nvfp4) return K == ssm::Recurrence::gdn ? 2 : 3;
   return K == ssm::Recurrence::gdn && R == StorageFormat::fp8b128 ? 3 : 4;
 }
 // kSkip: appendix F skipping in use (its own instantiation, so the plain kernel keeps its registers).
 template <ssm::Recurrence K, StorageFormat R, int DK, bool kSkip, bool kMma>
-__global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK, kMma>()) replay_nonflush_kernel(ReplayArgs A) {
+__global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK, kMma, kSkip>()) replay_nonflush_kernel(ReplayArgs A) {
   extern __shared__ float smem[];
   const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
   const WindowState win = current_window(A.rec, bg.b);
