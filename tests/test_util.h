@@ -32,6 +32,42 @@ inline std::string source_path(const std::string& relative) {
 // Fixed base seed, recorded in the log; each case derives its own so inputs are fresh per case.
 inline constexpr uint64_t kBaseSeed = 20261130;
 
+// A share of a long case's configurations: with REPLAYSSM_TEST_SHARD=i/N only those whose index n has n % N == i run,
+// so that a slow tool (compute-sanitizer racecheck) can cover one case in N processes; unset, every configuration runs.
+// Seeds stay tied to n, so a shard runs exactly the inputs the whole case would. Bad values stop the suite.
+struct TestShard {
+  int index = 0, count = 1;
+};
+inline TestShard parse_test_shard(const char* text) {
+  TestShard s;
+  if (!text || !*text) return s;
+  const std::string t(text);
+  const auto slash = t.find('/');
+  std::size_t used_i = 0, used_n = 0;
+  try {
+    if (slash != std::string::npos) {
+      s.index = std::stoi(t.substr(0, slash), &used_i);
+      s.count = std::stoi(t.substr(slash + 1), &used_n);
+    }
+  } catch (const std::exception&) {
+    used_i = 0;
+  }
+  if (slash == std::string::npos || used_i != slash || used_n != t.size() - slash - 1 || s.count < 1 || s.index < 0 ||
+      s.index >= s.count)
+    throw std::invalid_argument("REPLAYSSM_TEST_SHARD: expected i/N with 0 <= i < N (e.g. 0/4), got '" + t + "'");
+  return s;
+}
+inline bool in_test_shard(int n) {
+  static const TestShard shard = [] {
+    const TestShard s = parse_test_shard(std::getenv("REPLAYSSM_TEST_SHARD"));
+    if (s.count > 1)
+      std::cout << "REPLAYSSM_TEST_SHARD=" << s.index << "/" << s.count << ": the sharded cases run only their configurations n with n % "
+                << s.count << " == " << s.index << std::endl;
+    return s;
+  }();
+  return n % shard.count == shard.index;
+}
+
 // ---- errors and scratch directories ------------------------------------------------------------
 // The message of the exception (of type E) that f throws; "(no error)" when it throws none.
 template <class E = std::exception, class F>

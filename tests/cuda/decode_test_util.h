@@ -175,7 +175,7 @@ ssm::GroupToken group_token(const HostStep& h, const DecodeShape& s, int b, int 
 
 // Sanitizer runs are slow: REPLAYSSM_DECODE_CASES="a|b" keeps only the cases whose label (recurrence
 // and policy) contains every '|'-separated part, in the suites that label their cases this way. Unset:
-// every case runs.
+// every case runs. (REPLAYSSM_TEST_SHARD, test_util.h, splits a long case into parts that together run all of it.)
 inline bool case_selected(const std::string& label) {
   const char* env = std::getenv("REPLAYSSM_DECODE_CASES");
   if (env == nullptr || *env == '\0') return true;

@@ -6,6 +6,7 @@
 # case of test_decode_cuda is run by its parent.
 # Run from the repository root on the device:
 #   TOOL=racecheck LIB=lib_land PACK=.device/pack51.tar.xz PAR=10 TOTAL=560 bash experiments/bench/decode_2026-12-07/session31/sanitize_cases.sh
+#   CASES="test_decode_cuda|02 test_decode_cuda|03 test_decode_cuda|07 test_decode_kda_cuda|05" SHARDS=4 TOOL=racecheck ... (the long cases, 16 processes)
 # -> $OUT/results.tar: r/<tool>_<suite>_<case>.txt per case, r/summary.txt (the sanitizer's summary line, doctest's
 #    count and the exit status of every case; rc 124: stopped at the deadline).
 source experiments/bench/decode_2026-12-05/device_common.sh
@@ -18,17 +19,34 @@ cat $A/bin/COMMIT > $R/pack_commit.txt; echo "$LIB" > $R/library.txt; cat $R/gpu
 for suite in test_decode_cuda test_decode_kda_cuda; do
   grep -o 'TEST_CASE("[^"]*")' tests/cuda/$suite.cpp | grep -v "child process" \
     | sed 's/TEST_CASE("//; s/")$//; s/,.*//; s/$/*/' | awk -v s=$suite '{ printf "%s|%02d|%s\n", s, NR, $0 }'
-done > $R/cases.txt
-echo "$(wc -l < $R/cases.txt) cases, $PAR at a time, $TOOL, $LIB"
+done > $R/all_cases.txt
+# CASES="suite|NN ..." runs only those cases (numbers as in all_cases.txt); unset, every case. SHARDS=N runs each of the
+# cases whose configuration loops honour REPLAYSSM_TEST_SHARD (tests/test_util.h; SHARDABLE, session 32: the four
+# that racecheck did not finish in 530 s) as N processes, shard i/N each; together they run the whole case.
+SHARDABLE="test_decode_cuda|02 test_decode_cuda|03 test_decode_cuda|07 test_decode_kda_cuda|05"
+SHARDS=${SHARDS:-1}
+while IFS= read -r line; do
+  id=${line%|*}
+  [ -n "${CASES:-}" ] && [[ " $CASES " != *" $id "* ]] && continue
+  if [ "$SHARDS" -gt 1 ] && [[ " $SHARDABLE " == *" $id "* ]]; then
+    for ((i = 0; i < SHARDS; ++i)); do echo "$line|$i/$SHARDS"; done
+  else
+    echo "$line|"
+  fi
+done < $R/all_cases.txt > $R/cases.txt
+[ -s $R/cases.txt ] || { echo "sanitize_cases.sh: CASES='${CASES:-}' selects none of $R/all_cases.txt" >&2; exit 2; }
+echo "$(wc -l < $R/cases.txt) processes, $PAR at a time, $TOOL, $LIB"
 # Every case stops by one deadline, TOTAL from the start (session 32: a per-case limit let cases that began late run past
 # the call's limit, and the call was stopped before its summary was written).
 export TOOL EXTRA B R DEADLINE=$(( $(date +%s) + TOTAL - SECONDS - 25 )) LD_LIBRARY_PATH=$A/$LIB$SYS
 one_case() {
-  local suite=${1%%|*} rest=${1#*|}; local n=${rest%%|*} pattern=${rest#*|} t0=$SECONDS left=$(( DEADLINE - $(date +%s) ))
-  [ $left -lt 10 ] && { echo "$suite $n not run (no time left)"; return; }
-  timeout $left compute-sanitizer --tool $TOOL $EXTRA $B/$suite -tc="$pattern" > $R/${TOOL}_${suite}_$n.txt 2>&1
+  local suite n pattern shard t0=$SECONDS left=$(( DEADLINE - $(date +%s) ))
+  IFS='|' read -r suite n pattern shard <<< "$1"
+  local name=$suite\ $n${shard:+ shard $shard} out=$R/${TOOL}_${suite}_$n${shard:+_s${shard%/*}}.txt
+  [ $left -lt 10 ] && { echo "$name not run (no time left)"; return; }
+  REPLAYSSM_TEST_SHARD=$shard timeout $left compute-sanitizer --tool $TOOL $EXTRA $B/$suite -tc="$pattern" > $out 2>&1
   local rc=$?
-  echo "$suite $n rc=$rc $((SECONDS - t0))s | $(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" $R/${TOOL}_${suite}_$n.txt | tr '\n' ' ')| $(grep -h 'test cases:' $R/${TOOL}_${suite}_$n.txt | tr -s ' ')"
+  echo "$name rc=$rc $((SECONDS - t0))s | $(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" $out | tr '\n' ' ')| $(grep -h 'test cases:' $out | tr -s ' ')"
 }
 export -f one_case
 ( while sleep 30; do snapshot_results; done ) & snapshots=$!  # what has run comes back even if the call is stopped
