@@ -37,8 +37,11 @@ fi
 echo "$LIB" > $R/library.txt; echo "record library: $LIB"
 LD_LIBRARY_PATH=$(lib $LIB) $B/replayssm-bench --version > $R/version.txt 2>&1
 suites="test_decode_kda_cuda test_formats_cuda"; [ $LIB = lib_land ] || [ -n "$RECORD_ONLY" ] && suites="test_decode_cuda $suites"
+# LAND_EXCLUDE: test cases (a doctest -tce pattern) that only the arm's library serves, left out when main's library runs
+# the suites (session 32's H7 adds a case for blocks that main's launcher refuses).
 for suite in $suites; do t0=$SECONDS
-  LD_LIBRARY_PATH=$(lib $LIB) timeout 120 $B/$suite > $R/$suite.txt 2>&1
+  exclude=(); [ $LIB = lib_land ] && [ -n "${LAND_EXCLUDE:-}" ] && exclude=(-tce="$LAND_EXCLUDE")
+  LD_LIBRARY_PATH=$(lib $LIB) timeout 120 $B/$suite "${exclude[@]}" > $R/$suite.txt 2>&1
   echo "$suite rc=$? $((SECONDS-t0))s $(grep 'test cases:' $R/$suite.txt | tr -s ' ')"
 done
 ALL="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b kimi-linear-48b-a3b"
