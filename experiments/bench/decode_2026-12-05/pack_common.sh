@@ -5,6 +5,7 @@
 #     device image may lack). cuda/ is put back and $tmp removed when the caller exits.
 #   pack_library NAME [PATCH...]: cuda/ as committed plus the patches, built, stripped into $tmp/NAME.
 #   pack_end: cuda/ as committed, rebuilt, so the build folder holds main's library again.
+#   pack_main NAME BUILD_DIR CALLER: .device/NAME.tar.xz with bin/, sys/ and main's library as lib_land alone.
 pack_begin() {
   build=$1
   [ -f "$build/CMakeCache.txt" ] || { echo "$2: $build: not a configured build folder" >&2; exit 1; }
@@ -36,4 +37,10 @@ pack_library() {
 pack_end() {
   git checkout -- cuda/
   cmake --build "$build" -j"$(nproc)" --target replayssm_cuda
+}
+pack_main() {
+  pack_begin "$2" "$3"
+  pack_library lib_land
+  (cd "$tmp" && tar -cf - bin sys lib_land) | xz -T2 --lzma2=preset=6,dict=96MiB > ".device/$1.tar.xz"
+  ls -la ".device/$1.tar.xz"
 }

@@ -5,7 +5,4 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 source experiments/bench/decode_2026-12-05/pack_common.sh
-pack_begin "${1:-build-dev}" make_pack45.sh
-pack_library lib_land
-(cd "$tmp" && tar -cf - bin sys lib_land) | xz -T1 --lzma2=preset=6,dict=96MiB > .device/pack45.tar.xz
-ls -la .device/pack45.tar.xz
+pack_main pack45 "${1:-build-dev}" make_pack45.sh

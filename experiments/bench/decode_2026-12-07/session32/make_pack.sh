@@ -6,7 +6,4 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 source experiments/bench/decode_2026-12-05/pack_common.sh
-pack_begin "${1:-build-dev}" make_pack.sh
-pack_library lib_land
-(cd "$tmp" && tar -cf - bin sys lib_land) | xz -T2 --lzma2=preset=6,dict=96MiB > .device/pack52.tar.xz
-ls -la .device/pack52.tar.xz
+pack_main pack52 "${1:-build-dev}" make_pack.sh
