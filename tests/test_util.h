@@ -34,8 +34,8 @@ inline constexpr uint64_t kBaseSeed = 20261130;
 
 // A share of a long case's configurations: with REPLAYSSM_TEST_SHARD=i/N only those whose index n has n % N == i run,
 // so that a slow tool (compute-sanitizer racecheck) can cover one case in N processes; unset, every configuration runs.
-// Seeds stay tied to n, so a shard runs the inputs the whole case would (but split verification's accepted lengths,
-// test_decode_cuda). Bad values stop the suite.
+// Seeds (and split verification's generator of accepted lengths) stay tied to n, so a shard runs the inputs the whole
+// case would. Bad values stop the suite.
 struct TestShard {
   int index = 0, count = 1;
 };
