@@ -102,18 +102,19 @@ struct Collected {
 // Low-precision states: GPU and CPU each round their own FP32 update (or quantize their own recur
 // checkpoint for the read copy, which the replay test checks bit for bit against the GPU's own);
 // a 1-ulp difference there can flip one stored code, which moves the output of the row that holds it
-// by up to one code step, at every token that reads it until the next fold. So the flips are counted
-// as the distinct state rows whose outputs leave the FP32-path tolerance `tol`: at most one, or 0.1% of
-// the rows metered where that is more; and every element stays within one code step, 0.25 (rms + |cpu|).
-// (Counting elements instead capped one flip at 0.1% of the outputs, which a case with few outputs and a
-// flip read at several tokens exceeds: session 32.)
+// by up to one code step, at every token that reads it until the next fold. Elements outside the
+// FP32-path tolerance `tol` are such flips: they are counted and reported; at most 0.1% of the elements
+// may be, unless they all lie in one state row (one flipped code read at several tokens, which a case
+// with few outputs cannot hold within 0.1%: session 32); and every element stays within one code step,
+// 0.25 (rms + |cpu|). (Counting rows alone against 0.1% of the rows failed cases with many steps per
+// row, which quantize each row many times: session 33.)
 void check_with_flips(const Collected& meter, double tol, const std::string& what) {
   const auto close = meter.close(tol, what);
   const auto [flipped_rows, rows] = meter.rows_outside(tol);
   MESSAGE(what << ": " << close.mismatches << " of " << close.count << " elements, in " << flipped_rows << " of " << rows
                << " state rows, beyond the FP32-path tolerance (flipped low-precision codes)");
   INFO(close.report());
-  CHECK(flipped_rows <= std::max<std::size_t>(1, rows / 1000));
+  CHECK((close.mismatches * 1000 <= close.count || flipped_rows == 1));
   CHECK_CLOSE(meter.close(0.25, what + " within one code step"));
 }
 
