@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 33, call 5: Nsight Compute on Nemotron-3-Nano's NVFP4 read (B = 256, L = 16) on main's library and on H7's
+# (pack53: lib_land, lib_h7), to see why H7's 16-head blocks across two key heads took main's time. The launch index
+# and sections are session 29's next_ncu_nvfp4.sh's (without its --arena-gib 8, too small at B = 256: session 30).
+# Run from the repository root on the device: TOTAL=300 bash experiments/bench/decode_2026-12-07/session33/ncu_h7.sh
+# -> $OUT/results.tar (r/<shape>_<lib>_details.txt, _sass.csv; summarise with session28/sass_blocks.py).
+source experiments/bench/decode_2026-12-05/device_common.sh
+TOTAL=${TOTAL:-300}
+unpack_pack ${PACK:-.device/pack53.tar.xz} lib_land
+cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
+SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
+EXTRA=smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum
+for lib in ${LIBS:-lib_h7 lib_land}; do
+  for shape in ${SHAPES:-nemotron-3-nano-4b}; do
+    t0=$SECONDS; name=${shape}_${lib#lib_}
+    [ $((TOTAL - SECONDS)) -lt 60 ] && { echo "$name skipped (time)"; continue; }
+    LD_LIBRARY_PATH=$A/$lib$SYS timeout -s INT 90 ncu --clock-control none --kernel-name-base function \
+      -k "regex:^replay_nonflush_kernel\$" --launch-skip 122 --launch-count 1 $SECTIONS --section SourceCounters \
+      --section InstructionStats --metrics $EXTRA -o $R/$name $B/replayssm-bench bench --shapes $shape --batch 256 \
+      --window 16 --drafts 8 --repeats 3 --no-check --timer events > $R/${name}_bench.txt 2> $R/$name.log
+    echo "$name rc=$? $((SECONDS-t0))s"
+    ncu -i $R/$name.ncu-rep --page source --print-source sass --csv > $R/${name}_sass.csv 2>> $R/$name.log
+    ncu -i $R/$name.ncu-rep --page details > $R/${name}_details.txt 2>&1
+    grep -E "Grid Size|Block Size|Duration|Registers|Executed Ipc A|Issue Slots Busy|Achieved Occupancy|Waves Per SM|Shared Memory Configuration Size|Dynamic Shared" $R/${name}_details.txt | head -20
+    rm -f $R/$name.ncu-rep
+    snapshot_results
+  done
+done
+pack_results
