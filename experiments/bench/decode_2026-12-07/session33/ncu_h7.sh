@@ -3,6 +3,8 @@
 # (pack53: lib_land, lib_h7), to see why H7's 16-head blocks across two key heads took main's time. The launch index
 # and sections are session 29's next_ncu_nvfp4.sh's (without its --arena-gib 8, too small at B = 256: session 30).
 # Run from the repository root on the device: TOTAL=300 bash experiments/bench/decode_2026-12-07/session33/ncu_h7.sh
+# Call 6, GDN's NVFP4 reads on main's library (launch 122 is the NVFP4 read in the GDN shapes' row order too; the
+# demangled name printed checks it): PACK=.device/pack52.tar.xz LIBS=lib_land SHAPES="qwen3.5-4b qwen3.5-122b-a10b" TOTAL=170 ...
 # -> $OUT/results.tar (r/<shape>_<lib>_details.txt, _sass.csv; summarise with session28/sass_blocks.py).
 source experiments/bench/decode_2026-12-05/device_common.sh
 TOTAL=${TOTAL:-300}
@@ -20,7 +22,8 @@ for lib in ${LIBS:-lib_h7 lib_land}; do
       --window 16 --drafts 8 --repeats 3 --no-check --timer events > $R/${name}_bench.txt 2> $R/$name.log
     echo "$name rc=$? $((SECONDS-t0))s"
     ncu -i $R/$name.ncu-rep --page source --print-source sass --csv > $R/${name}_sass.csv 2>> $R/$name.log
-    ncu -i $R/$name.ncu-rep --page details > $R/${name}_details.txt 2>&1
+    ncu -i $R/$name.ncu-rep --page details --print-kernel-base demangled > $R/${name}_details.txt 2>&1
+    grep -m1 "replay_nonflush_kernel" $R/${name}_details.txt | cut -c1-200
     grep -E "Grid Size|Block Size|Duration|Registers|Executed Ipc A|Issue Slots Busy|Achieved Occupancy|Waves Per SM|Shared Memory Configuration Size|Dynamic Shared" $R/${name}_details.txt | head -20
     rm -f $R/$name.ncu-rep
     snapshot_results
