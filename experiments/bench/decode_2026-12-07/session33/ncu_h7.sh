@@ -6,9 +6,11 @@
 # Run from the repository root on the device: TOTAL=300 bash experiments/bench/decode_2026-12-07/session33/ncu_h7.sh
 # Call 6, GDN's NVFP4 reads on main's library (launch 122 is the NVFP4 read in the GDN shapes' row order too; the
 # demangled name printed checks it): PACK=.device/pack52.tar.xz LIBS=lib_land SHAPES="qwen3.5-4b qwen3.5-122b-a10b" TOTAL=170 ...
+# Another kernel: KERNEL (default replay_nonflush_kernel) and SKIP (launches skipped, default 122), e.g. Kimi's FP16 read
+# KERNEL=kda_nonflush_kernel SKIP=110 SHAPES=kimi-linear-48b-a3b (session 28's call 2: launches 108-113 of that row).
 # -> $OUT/results.tar (r/<shape>_<lib>_details.txt, _sass.csv; summarise with session28/sass_blocks.py).
 source experiments/bench/decode_2026-12-05/device_common.sh
-TOTAL=${TOTAL:-300}
+TOTAL=${TOTAL:-300}; KERNEL=${KERNEL:-replay_nonflush_kernel}; SKIP=${SKIP:-122}
 unpack_pack ${PACK:-.device/pack53.tar.xz} lib_land
 cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
 SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
@@ -18,13 +20,13 @@ for lib in ${LIBS:-lib_h7 lib_land}; do
     t0=$SECONDS; name=${shape}_${lib#lib_}
     [ $((TOTAL - SECONDS)) -lt 60 ] && { echo "$name skipped (time)"; continue; }
     LD_LIBRARY_PATH=$A/$lib$SYS timeout -s INT 90 ncu --clock-control none --kernel-name-base function \
-      -k "regex:^replay_nonflush_kernel\$" --launch-skip 122 --launch-count 1 $SECTIONS --section SourceCounters \
+      -k "regex:^$KERNEL\$" --launch-skip $SKIP --launch-count 1 $SECTIONS --section SourceCounters \
       --section InstructionStats --metrics $EXTRA -o $R/$name $B/replayssm-bench bench --shapes $shape --batch 256 \
       --window 16 --drafts 8 --repeats 3 --no-check --timer events > $R/${name}_bench.txt 2> $R/$name.log
     echo "$name rc=$? $((SECONDS-t0))s"
     ncu -i $R/$name.ncu-rep --page source --print-source sass --csv > $R/${name}_sass.csv 2>> $R/$name.log
     ncu -i $R/$name.ncu-rep --page details --print-kernel-base demangled > $R/${name}_details.txt 2>&1
-    grep -m1 "replay_nonflush_kernel" $R/${name}_details.txt | cut -c1-200
+    grep -m1 "$KERNEL" $R/${name}_details.txt | cut -c1-200
     grep -E "Grid Size|Block Size|Duration|Registers|Executed Ipc A|Issue Slots Busy|Achieved Occupancy|Waves Per SM|Shared Memory Configuration Size|Dynamic Shared" $R/${name}_details.txt | head -20
     rm -f $R/$name.ncu-rep
     snapshot_results
