@@ -137,6 +137,13 @@ struct Closeness {
 };
 
 // got and ref: n elements each (any arithmetic types).
+// The element rule of compare_close: NaN never matches, an infinity only itself, else |got - ref| <= atol + rtol |ref|.
+inline bool within_tolerance(double got, double ref, Tolerance tol) {
+  if (std::isnan(got) || std::isnan(ref)) return false;
+  if (std::isinf(got) || std::isinf(ref)) return got == ref;
+  return std::abs(got - ref) <= tol.atol + tol.rtol * std::abs(ref);
+}
+
 template <class G, class R>
 Closeness compare_close(const G* got, const R* ref, std::size_t n, Tolerance tol, std::string what,
                         std::size_t max_listed = 10) {
@@ -146,18 +153,12 @@ Closeness compare_close(const G* got, const R* ref, std::size_t n, Tolerance tol
   for (std::size_t i = 0; i < n; ++i) {
     const double g = static_cast<double>(got[i]), r = static_cast<double>(ref[i]);
     const double allowed = tol.atol + tol.rtol * std::abs(r);
-    bool match;
-    if (std::isnan(g) || std::isnan(r)) {
-      match = false;
-    } else if (std::isinf(g) || std::isinf(r)) {
-      match = g == r;
-    } else {
+    if (std::isfinite(g) && std::isfinite(r)) {
       const double d = std::abs(g - r);
       c.max_abs = std::max(c.max_abs, d);
       c.max_excess = std::max(c.max_excess, allowed > 0 ? d / allowed : (d > 0 ? INFINITY : 0.0));
-      match = d <= allowed;
     }
-    if (!match) {
+    if (!within_tolerance(g, r, tol)) {
       ++c.mismatches;
       if (c.first.size() < max_listed) {
         std::ostringstream m;

@@ -85,19 +85,26 @@ struct Collected {
     const std::size_t row0 = first_row == kRowIsOffset ? offset : first_row;
     for (std::size_t i = 0; i < ref.size(); ++i) rows.push_back(row0 + i);
   }
+  test::Tolerance tolerance(double tol) const { return {tol * test::rms(cpu.data(), cpu.size()), tol}; }
   test::Closeness close(double tol, const std::string& what) const {
-    return test::compare_close(gpu, cpu, {tol * test::rms(cpu.data(), cpu.size()), tol}, what);
+    return test::compare_close(gpu, cpu, tolerance(tol), what);
   }
   // The distinct state rows read by the elements outside close(tol), and by all elements.
   std::pair<std::size_t, std::size_t> rows_outside(double tol) const {
-    const double atol = tol * test::rms(cpu.data(), cpu.size());
+    const test::Tolerance t = tolerance(tol);
     std::vector<std::size_t> all(rows), outside;
     for (std::size_t i = 0; i < gpu.size(); ++i)
-      if (!(std::abs(gpu[i] - cpu[i]) <= atol + tol * std::abs(cpu[i]))) outside.push_back(rows[i]);
+      if (!test::within_tolerance(gpu[i], cpu[i], t)) outside.push_back(rows[i]);
     for (auto* v : {&all, &outside}) std::sort(v->begin(), v->end()), v->erase(std::unique(v->begin(), v->end()), v->end());
     return {outside.size(), all.size()};
   }
 };
+
+// Where the outputs of sequence b, draft token t (of T) and key head g's first value head start in a step's
+// output buffer [B][T][H][dv]; with T = 1, t = 0 it is also the first state row, (b H + g H/G) dv, they read.
+inline std::size_t out_offset(const DecodeShape& s, int b, int T, int t, int g) {
+  return ((static_cast<std::size_t>(b) * T + t) * s.value_heads + static_cast<std::size_t>(g) * s.heads_per_group()) * s.dv;
+}
 
 // Low-precision states: GPU and CPU each round their own FP32 update (or quantize their own recur
 // checkpoint for the read copy, which the replay test checks bit for bit against the GPU's own);

@@ -36,6 +36,7 @@ using formats::StorageFormat;
 namespace {
 
 using test::check_with_flips;
+using test::out_offset;
 using test::Collected;
 using test::DeviceArray;
 using test::ReadCopyHost;
@@ -169,7 +170,7 @@ void cpu_step_compare(const DecodeShape& s, const HostStep& h, const std::vector
     for (int g = 0; g < s.key_heads; ++g) {
       std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
       cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
-      meter.add(out, (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv, ref);
+      meter.add(out, out_offset(s, b, 1, 0, g), ref);
     }
 }
 
@@ -463,7 +464,7 @@ TEST_CASE("stochastically rounded checkpoints equal the CPU decoders' bit for bi
             std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv), scratch(ref.size());
             cpu[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), ref.data());
             cpu_rtn[b * s.key_heads + g]->step(group_token(h, s, b, g, 0), scratch.data());
-            meter.add(out, (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv, ref);
+            meter.add(out, out_offset(s, b, 1, 0, g), ref);
           }
       }
       // The stored copies, decoded exactly, against the CPU decoders' (which hold the decoded values).
@@ -576,8 +577,8 @@ TEST_CASE("verification kernels equal CPU verify/commit with random accepted len
             for (int t = 0; t < T; ++t) {
               std::vector<float> ref_t(ref.begin() + static_cast<std::ptrdiff_t>(t) * s.heads_per_group() * s.dv,
                                        ref.begin() + static_cast<std::ptrdiff_t>(t + 1) * s.heads_per_group() * s.dv);
-              const std::size_t off = ((static_cast<std::size_t>(b) * T + t) * s.value_heads + g * s.heads_per_group()) * s.dv;
-              meter.add(out, off, ref_t, (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv);
+              const std::size_t off = out_offset(s, b, T, t, g);
+              meter.add(out, off, ref_t, out_offset(s, b, 1, 0, g));
             }
           }
       }
@@ -604,7 +605,7 @@ TEST_CASE("verification kernels equal CPU verify/commit with random accepted len
           for (int t = 0; t < T; ++t) {
             std::vector<float> ref(static_cast<std::size_t>(s.heads_per_group()) * s.dv);
             dec.step(group_token(h, s, b, g, t), ref.data());
-            const std::size_t off = ((static_cast<std::size_t>(b) * T + t) * s.value_heads + g * s.heads_per_group()) * s.dv;
+            const std::size_t off = out_offset(s, b, T, t, g);
             snap_out.add(out, off, ref);
             for (int j = 0; j < s.heads_per_group(); ++j) {
               const auto& S = dec.state(j);
@@ -686,8 +687,8 @@ TEST_CASE("standard steps after verification commits (h >= L) equal the CPU deco
               for (int t = 0; t < T; ++t) {
                 std::vector<float> ref_t(ref.begin() + static_cast<std::ptrdiff_t>(t) * s.heads_per_group() * s.dv,
                                          ref.begin() + static_cast<std::ptrdiff_t>(t + 1) * s.heads_per_group() * s.dv);
-                const std::size_t off = ((static_cast<std::size_t>(b) * T + t) * s.value_heads + g * s.heads_per_group()) * s.dv;
-                meter.add(out, off, ref_t, (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv);
+                const std::size_t off = out_offset(s, b, T, t, g);
+                meter.add(out, off, ref_t, out_offset(s, b, 1, 0, g));
               }
             }
         }
@@ -819,8 +820,8 @@ TEST_CASE("split-precision verification (Algorithm 3) and low-precision shared v
               for (int t = 0; t < T; ++t) {
                 std::vector<float> ref_t(ref.begin() + static_cast<std::ptrdiff_t>(t) * s.heads_per_group() * s.dv,
                                          ref.begin() + static_cast<std::ptrdiff_t>(t + 1) * s.heads_per_group() * s.dv);
-                const std::size_t off = ((static_cast<std::size_t>(b) * T + t) * s.value_heads + g * s.heads_per_group()) * s.dv;
-                meter.add(out, off, ref_t, (static_cast<std::size_t>(b) * s.value_heads + g * s.heads_per_group()) * s.dv);
+                const std::size_t off = out_offset(s, b, T, t, g);
+                meter.add(out, off, ref_t, out_offset(s, b, 1, 0, g));
               }
             }
         }

@@ -44,6 +44,7 @@ using formats::StorageFormat;
 namespace {
 
 using test::check_with_flips;
+using test::out_offset;
 using test::Collected;
 using test::DeviceArray;
 using test::ReadCopyHost;
@@ -165,11 +166,6 @@ std::string describe(const Case& c) {
 }
 
 ssm::HeadGroupShape group_shape(const DecodeShape& s) { return {kKda, s.dk, s.dv, s.heads_per_group()}; }
-
-// Output offset of (sequence b, token t of T, key head g's first value head) in [B][T][H][dv].
-std::size_t out_offset(const DecodeShape& s, int b, int T, int t, int g) {
-  return ((static_cast<std::size_t>(b) * T + t) * s.value_heads + static_cast<std::size_t>(g) * s.heads_per_group()) * s.dv;
-}
 
 // Verification of T drafts on the GPU and on the CPU decoders (then commit acc[b]); the outputs into meter.
 void verify_round(const Case& c, int T, const HostStep& h, cuda::ReplayConfig& config, RecordBuffers& rec,
