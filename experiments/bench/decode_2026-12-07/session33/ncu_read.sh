@@ -3,7 +3,7 @@
 # (pack53: lib_land, lib_h7), to see why H7's 16-head blocks across two key heads took main's time. The launch index
 # and sections are those session 29's next_ncu_nvfp4.sh had (without its --arena-gib 8, too small at B = 256: session
 # 30); that script now runs this one with its own PACK, LIBS and SHAPES.
-# Run from the repository root on the device: TOTAL=300 bash experiments/bench/decode_2026-12-07/session33/ncu_h7.sh
+# Run from the repository root on the device: TOTAL=300 bash experiments/bench/decode_2026-12-07/session33/ncu_read.sh
 # Call 6, GDN's NVFP4 reads on main's library (launch 122 is the NVFP4 read in the GDN shapes' row order too; the
 # demangled name printed checks it): PACK=.device/pack52.tar.xz LIBS=lib_land SHAPES="qwen3.5-4b qwen3.5-122b-a10b" TOTAL=170 ...
 # Another kernel: KERNEL (default replay_nonflush_kernel) and SKIP (launches skipped, default 122), e.g. Kimi's FP16 read
