@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The working tree travels with every device call (64 MiB in all with what `carry` names): `slim` moves tracked
 # files over MIN_BYTES (default 150,000: plots, traces, data; 50,000 when a pack holds two libraries) to STASH (default ../slim_stash beside the repository, outside the tree
-# that travels) so that tree + pack19x + peers_slim fit; `restore` puts them back. Always restore after the call:
+# that travels) so that tree + pack19x + peers_slim fit; `restore` puts them back. The limit counts disk blocks
+# (2,828 small files take 18 MiB): with KEEP (path prefixes), `slim` also moves every tracked file outside them. Always restore after the call:
 # the moved files read as deleted to git meanwhile.
 # Usage: bash experiments/bench/decode_2026-12-05/session19/slim_tree.sh slim|restore
 set -euo pipefail
@@ -11,7 +12,11 @@ case ${1:-} in
   slim)
     n=0
     while IFS= read -r -d '' f; do
-      if [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt "${MIN_BYTES:-150000}" ]; then
+      keep=1
+      if [ -n "${KEEP:-}" ]; then  # KEEP: space-separated path prefixes; every other tracked file moves
+        keep=0; for k in $KEEP; do case $f in "$k"*) keep=1 ;; esac; done
+      fi
+      if [ -f "$f" ] && { [ $keep = 0 ] || [ "$(stat -c %s "$f")" -gt "${MIN_BYTES:-150000}" ]; }; then
         mkdir -p "$stash/$(dirname "$f")" && mv "$f" "$stash/$f" && n=$((n + 1))
       fi
     done < <(git ls-files -z)
