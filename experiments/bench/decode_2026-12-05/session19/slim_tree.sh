@@ -14,7 +14,7 @@ case ${1:-} in
     while IFS= read -r -d '' f; do
       keep=1
       if [ -n "${KEEP:-}" ]; then  # KEEP: space-separated path prefixes; every other tracked file moves
-        keep=0; for k in $KEEP; do case $f in "$k"*) keep=1 ;; esac; done
+        keep=0; for k in $KEEP experiments/bench/decode_2026-12-05/session19/slim_tree.sh; do case $f in "$k"*) keep=1 ;; esac; done
       fi
       if [ -f "$f" ] && { [ $keep = 0 ] || [ "$(stat -c %s "$f")" -gt "${MIN_BYTES:-150000}" ]; }; then
         mkdir -p "$stash/$(dirname "$f")" && mv "$f" "$stash/$f" && n=$((n + 1))
