@@ -8,9 +8,10 @@
 # -> $OUT/results.tar: r/<suite>.txt (plain), r/<tool>_<suite>.txt, r/summary.txt.
 source experiments/bench/decode_2026-12-05/device_common.sh
 TOTAL=${TOTAL:-400}
-unpack_pack ${PACK:-.device/pack52.tar.xz} lib_land
+LIB=${LIB:-lib_land}  # the pack's library to check (session 34: lib_h8b of pack55)
+unpack_pack ${PACK:-.device/pack52.tar.xz} $LIB
 cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
-export LD_LIBRARY_PATH=$A/lib_land$SYS
+export LD_LIBRARY_PATH=$A/$LIB$SYS; echo "$LIB" > $R/library.txt
 for suite in test_decode_cuda test_decode_kda_cuda test_formats_cuda; do t0=$SECONDS
   timeout 150 $B/$suite > $R/$suite.txt 2>&1
   echo "$suite rc=$? $((SECONDS-t0))s $(grep 'test cases:' $R/$suite.txt | tr -s ' ')" | tee -a $R/summary.txt
