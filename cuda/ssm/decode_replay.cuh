@@ -225,9 +225,12 @@ __device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK,
   s.gamma = s.rows2 + NH * dv;
   s.scratch = s.gamma + NH;
   s.skip = s.scratch + kWarps;
-  // 16-byte aligned past skip (the base is; the +4 floats of mma_b_floats leave room).
-  const std::uintptr_t after = reinterpret_cast<std::uintptr_t>(s.skip + NH);
-  s.mma_b = flush ? nullptr : reinterpret_cast<uint32_t*>((after + 15) & ~static_cast<std::uintptr_t>(15));
+  // 16-byte aligned past skip (the base is; the +4 floats of mma_b_floats leave room). Advanced from s.skip as a
+  // pointer, not rebuilt from an integer, so that ptxas still knows it is shared memory: from an integer, the
+  // reads of the B table and of what follows it were generic loads (about 20 instructions to form one address).
+  float* const after = s.skip + NH;
+  const int pad = static_cast<int>((16 - reinterpret_cast<std::uintptr_t>(after) % 16) % 16) / 4;
+  s.mma_b = flush ? nullptr : reinterpret_cast<uint32_t*>(after + pad);
   return s;
 }
 

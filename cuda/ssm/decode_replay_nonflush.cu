@@ -54,19 +54,17 @@ __device__ __forceinline__ MmaReadCursor mma_read_cursor(const HeadView& rv) {
 }
 
 // Loads of local tile `local_tile` of this warp (one unit: at dk = 128 a tile is one 4E-column slab): the
-// lane's pieces of rows g and g + 8 and the tile's NVFP4 tensor scale; zeros for tiles past the block's
-// rows and for heads whose read is skipped (appendix F). Tiles never straddle heads (dv % 16 == 0).
+// lane's pieces of rows g and g + 8; zeros for tiles past the block's rows and for heads whose read is
+// skipped (appendix F). Tiles never straddle heads (dv % 16 == 0). The tile's tensor scale is staged
+// (nvfp4_tile_scales).
 template <int DK>
-__device__ __forceinline__ MmaReadUnit load_mma_unit(const MmaReadCursor& c, const float* tensor_scales, std::size_t hb0,
-                                                     const SmallDiv& head_of_row, int tiles, int local_tile,
-                                                     const float* skipped) {
+__device__ __forceinline__ MmaReadUnit load_mma_unit(const MmaReadCursor& c, const SmallDiv& head_of_row, int tiles,
+                                                     int local_tile, const float* skipped) {
   constexpr int kRowBytes = DK / 2, kRowCodes = DK / formats::kNvfp4BlockSize;
   const int tile = local_tile * kWarps + threadIdx.x / 32;
   MmaReadUnit u{};
-  u.tensor_scale = 1.0f;
   bool valid = tile < tiles;
-  const int head = valid ? head_of_row(tile * 16) : 0;
-  if (valid && skipped) valid = skipped[head] == 0.0f;
+  if (valid && skipped) valid = skipped[head_of_row(tile * 16)] == 0.0f;
   if (valid) {
     const int rows = local_tile * kWarps * 16;
     const uint8_t* p = c.payload + rows * kRowBytes;
@@ -75,7 +73,6 @@ __device__ __forceinline__ MmaReadUnit load_mma_unit(const MmaReadCursor& c, con
     u.row_g8.bits = *reinterpret_cast<const uint4*>(p + 8 * kRowBytes);
     u.row_g.aux = *reinterpret_cast<const uint16_t*>(s);
     u.row_g8.aux = *reinterpret_cast<const uint16_t*>(s + 8 * kRowCodes);
-    u.tensor_scale = tensor_scales[hb0 + head];
   }
   return u;
 }
@@ -276,23 +273,41 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
       const MmaReadCursor cursor = mma_read_cursor<DK>(rv);
       MmaReadUnit buf[kUnits];
 #pragma unroll
-      for (int j = 0; j < kUnits; ++j) buf[j] = load_mma_unit<DK>(cursor, tensor_scales, hb0, head_of_row, tiles, j, skipped);
+      for (int j = 0; j < kUnits; ++j) buf[j] = load_mma_unit<DK>(cursor, head_of_row, tiles, j, skipped);
+      // The tiles' tensor scales (1 for skipped heads): loaded now, stored to shared memory after the record phase,
+      // whose barrier publishes them. Stored at once, the load's latency held the warp before its record phase
+      // (H8, session 34: Qwen3.5-4B's read 1.03-1.045x main's time); the volatile load stays where it is written.
+      float* const tile_scales = nvfp4_tile_scales(sh);
+      const auto tile_scale = [&](int i) {
+        const int head = head_of_row(16 * i);
+        return skipped && skipped[head] != 0.0f ? 1.0f : load_global_f32(tensor_scales + hb0 + head);
+      };
+      const float my_tile_scale = static_cast<int>(threadIdx.x) < tiles ? tile_scale(threadIdx.x) : 1.0f;
       // B (q, k as 16-bit operands) once per block into shared memory; read after the record phase's barrier.
       // Mamba-2 (q only) takes the lane-column layout of mma_read.cuh, GDN the shared columns.
       constexpr bool kLaneColumns = NV == 1;
       const int sq = mma_vector_exponent<DK>(q_t), sk = NV == 2 ? mma_vector_exponent<DK>(k_t) : 0;
       build_mma_b_table<DK, kLaneColumns>(q_t, NV == 2 ? k_t : nullptr, sq, sk, sh.mma_b);
       nonflush_record_phase<K, DK>(A, bg, win, sh, h0, staged, q_t, k_t);
+      if (static_cast<int>(threadIdx.x) < tiles) tile_scales[threadIdx.x] = my_tile_scale;
+      for (int i = threadIdx.x + kThreads; i < tiles; i += kThreads) tile_scales[i] = tile_scale(i);
       __syncthreads();
       uint32_t b[DK / 8];
       const float unscale = load_mma_b<DK, kLaneColumns>(sh.mma_b, sq, sk, b);
+      // Lane columns: the 2^6 that undoes the bare codes' 2^-6 (nvfp4_block_scales), once for the block.
+      const float tile_unscale = kLaneColumns ? unscale * 64.0f : unscale;
       const int g = lane / 4, t = lane % 4;
+      // Shared addresses of the lane's row g of the warp's first tile (S q, or S k for GDN's lane t = 1) and of
+      // that tile's scale; local tile k lies kWarps tiles further. Kept as 32-bit shared addresses: from the
+      // generic pointers ptxas rebuilt them every tile under the register bound (about 30 instructions a unit).
+      const uint32_t row_at = shared_address((NV == 2 && t == 1 ? sh.rows2 : sh.rows1) + warp * 16 + g);
+      const uint32_t scale_at = shared_address(tile_scales + warp);
       for (int lt0 = 0; lt0 < my_tiles; lt0 += G) {
         float d[G][4];
 #pragma unroll
         for (int j = 0; j < UI; ++j) {
           const MmaReadUnit cur = buf[j % kUnits];
-          buf[j % kUnits] = load_mma_unit<DK>(cursor, tensor_scales, hb0, head_of_row, tiles, lt0 + j + kUnits, skipped);
+          buf[j % kUnits] = load_mma_unit<DK>(cursor, head_of_row, tiles, lt0 + j + kUnits, skipped);
           if constexpr (kLaneColumns) {
             // Block sums of the lane's own pieces (d[blk]: rows g in 0, 1; g + 8 in 2, 3), each times its
             // block scale; the 4 lanes of a row group then add up (S == 1: a unit is a whole tile).
@@ -303,11 +318,9 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
 #pragma unroll
             for (int m = 0; m < E / 4; ++m)
               mma_f16_16816(db[m / (E / 8)], ag[2 * m], ag8[2 * m], ag[2 * m + 1], ag8[2 * m + 1], b[2 * m], b[2 * m + 1]);
-            float sg[2], sg8[2];
-            nvfp4_block_scales(cur.row_g.aux, sg);
-            nvfp4_block_scales(cur.row_g8.aux, sg8);
-            float yg = fmaf(db[1][0] + db[1][1], sg[1], (db[0][0] + db[0][1]) * sg[0]);
-            float yg8 = fmaf(db[1][2] + db[1][3], sg8[1], (db[0][2] + db[0][3]) * sg8[0]);
+            const float2 sg = nvfp4_block_scales(cur.row_g.aux), sg8 = nvfp4_block_scales(cur.row_g8.aux);
+            float yg = fmaf(db[1][0] + db[1][1], sg.y, (db[0][0] + db[0][1]) * sg.x);
+            float yg8 = fmaf(db[1][2] + db[1][3], sg8.y, (db[0][2] + db[0][3]) * sg8.x);
 #pragma unroll
             for (int off = 1; off < 4; off *= 2) {
               yg += __shfl_xor_sync(kFullMask, yg, off);
@@ -315,9 +328,10 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
             }
             const int tile = (lt0 + j) * kWarps + warp;
             if (tile < tiles && t == 0) {
-              const float f = unscale * cur.tensor_scale;
-              sh.rows1[tile * 16 + g] = yg * f;
-              sh.rows1[tile * 16 + g + 8] = yg8 * f;
+              const uint32_t k = lt0 + j;
+              const float f = tile_unscale * load_shared_f32(scale_at + 4 * kWarps * k);
+              store_shared_f32(row_at + 64 * kWarps * k, yg * f);
+              store_shared_f32(row_at + 64 * kWarps * k + 32, yg8 * f);
             }
             continue;
           }
@@ -333,11 +347,10 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
           if (s == S - 1) {
             const int tile = (lt0 + gi) * kWarps + warp;
             if (tile < tiles && t < NV) {
-              const float f = unscale * cur.tensor_scale;
-              const float yg = (d[gi][0] + d[gi][1]) * f, yg8 = (d[gi][2] + d[gi][3]) * f;
-              float* out = t == 0 ? sh.rows1 : sh.rows2;
-              out[tile * 16 + g] = yg;
-              out[tile * 16 + g + 8] = yg8;
+              const uint32_t k = lt0 + gi;
+              const float f = tile_unscale * load_shared_f32(scale_at + 4 * kWarps * k);
+              store_shared_f32(row_at + 64 * kWarps * k, (d[gi][0] + d[gi][1]) * f);
+              store_shared_f32(row_at + 64 * kWarps * k + 32, (d[gi][2] + d[gi][3]) * f);
             }
           }
         }
@@ -487,7 +500,9 @@ void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat r
         // The tensor-core read where it applies (16-row tiles must not straddle heads: dv % 16 == 0) on large grids.
         auto with_skip = [&](auto kMma) {
           const std::size_t bytes =
-              smem + (kMma() && R() == SF::fp8b128 ? sizeof(float) * fp8_row_scale_floats(A.shape.dv, A.heads_per_block) : 0);
+              smem + (!kMma() ? 0
+                      : R() == SF::fp8b128 ? sizeof(float) * fp8_row_scale_floats(A.shape.dv, A.heads_per_block)
+                                           : sizeof(float) * nvfp4_tile_scale_floats(A.shape.dv, A.heads_per_block));
           if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true, kMma()>, A, grid, bytes, flush_kernel_launched(A), stream);
           else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false, kMma()>, A, grid, bytes, flush_kernel_launched(A), stream);
         };

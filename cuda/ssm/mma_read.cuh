@@ -74,18 +74,13 @@ __device__ __forceinline__ constexpr int piece_element(int pair, int half) {
   return 8 * (pair / 4) + (pair % 2) + 4 * ((pair % 4) / 2) + 2 * half;
 }
 
-__device__ __forceinline__ uint32_t e4m3x2_to_half2_bits(uint32_t two_codes) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xFFFFu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-
 // Eight E2M1 codes as four f16x2 pairs of the values times 2^-6 (the E4M3 re-coding of
 // e2m1x8_to_float_scaled in state_tiles.cuh), in the order piece_element<nvfp4> names.
 __device__ __forceinline__ void e2m1x8_to_half2_scaled(uint32_t word, uint32_t* out) {
   const uint32_t even = ((word << 4) & 0x80808080u) | ((word << 2) & 0x1C1C1C1Cu);  // elements 0, 2, 4, 6
   const uint32_t odd = (word & 0x80808080u) | ((word >> 2) & 0x1C1C1C1Cu);         // elements 1, 3, 5, 7
-  out[0] = e4m3x2_to_half2_bits(even), out[1] = e4m3x2_to_half2_bits(odd);
-  out[2] = e4m3x2_to_half2_bits(even >> 16), out[3] = e4m3x2_to_half2_bits(odd >> 16);
+  out[0] = e4m3x2_to_half2_bits<0>(even), out[1] = e4m3x2_to_half2_bits<0>(odd);
+  out[2] = e4m3x2_to_half2_bits<1>(even), out[3] = e4m3x2_to_half2_bits<1>(odd);
 }
 
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t x, __half2 s) {
@@ -95,17 +90,17 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t x, __half2 s) {
 }
 
 // A loaded NVFP4 piece (32 elements, two 16-element blocks: words 0-1 and 2-3) as the 16 f16 pairs A
-// takes. The block scale times 2^6 (exact in f16, <= 448 * 64) undoes the decode's 2^-6: each value is
-// e2m1 x block scale, exact.
+// takes. The block scales times 2^6 (exact in f16, <= 448 * 64) undo the decode's 2^-6: each value is
+// e2m1 x block scale, exact. Both scale codes in one conversion; the E4M3 NaN code converts to an f16 NaN
+// and stays NaN (as formats::nvfp4_decode_element), with no test of its own (the per-code test, the x 64 and
+// the broadcasts took 12 instructions a piece; sm_90 SASS, 2026-12-07).
 __device__ __forceinline__ void nvfp4_piece_pairs(const RawPiece& r, uint32_t (&pairs)[16]) {
   const uint32_t w[4] = {r.bits.x, r.bits.y, r.bits.z, r.bits.w};
+  const uint32_t codes = e4m3x2_to_half2_bits<0>(r.aux);
+  const __half2 scales = __hmul2(*reinterpret_cast<const __half2*>(&codes), __float2half2_rn(64.0f));
 #pragma unroll
   for (int blk = 0; blk < 2; ++blk) {
-    const uint32_t code = (r.aux >> (8 * blk)) & 0xFFu;
-    const __half_raw sr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
-    __half s = __hmul(*reinterpret_cast<const __half*>(&sr), __float2half_rn(64.0f));
-    if (code == formats::kE4m3NanCode) s = __ushort_as_half(0x7E00u);  // as formats::nvfp4_decode_element
-    const __half2 s2 = __half2half2(s);
+    const __half2 s2 = blk == 0 ? __low2half2(scales) : __high2half2(scales);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       uint32_t* out = &pairs[8 * blk + 4 * j];
@@ -121,7 +116,7 @@ __device__ __forceinline__ void nvfp4_piece_pairs(const RawPiece& r, uint32_t (&
 __device__ __forceinline__ void fp8_piece_pairs(const uint4& bits, uint32_t (&pairs)[8]) {
   const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
 #pragma unroll
-  for (int j = 0; j < 4; ++j) pairs[2 * j] = e4m3x2_to_half2_bits(w[j]), pairs[2 * j + 1] = e4m3x2_to_half2_bits(w[j] >> 16);
+  for (int j = 0; j < 4; ++j) pairs[2 * j] = e4m3x2_to_half2_bits<0>(w[j]), pairs[2 * j + 1] = e4m3x2_to_half2_bits<1>(w[j]);
 }
 
 // A loaded NVFP4 piece as the 16 f16 pairs of its bare codes (e2m1 x 2^-6, exact), for the lane-column
@@ -132,16 +127,14 @@ __device__ __forceinline__ void nvfp4_piece_codes(const RawPiece& r, uint32_t (&
   for (int i = 0; i < 4; ++i) e2m1x8_to_half2_scaled(w[i], &pairs[4 * i]);
 }
 
-// The piece's two block scales times 2^6 (which undoes the codes' 2^-6; exact in fp32), NaN for the E4M3
-// NaN code as formats::nvfp4_decode_element.
-__device__ __forceinline__ void nvfp4_block_scales(uint32_t aux, float (&scale)[2]) {
-#pragma unroll
-  for (int blk = 0; blk < 2; ++blk) {
-    const uint32_t code = (aux >> (8 * blk)) & 0xFFu;
-    const __half_raw sr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
-    scale[blk] = code == formats::kE4m3NanCode ? __int_as_float(0x7FC00000)
-                                               : __half2float(*reinterpret_cast<const __half*>(&sr)) * 64.0f;
-  }
+// The piece's two block scales (one conversion for both codes; the E4M3 NaN code gives NaN, as
+// formats::nvfp4_decode_element). The 2^6 that undoes the codes' 2^-6 is not applied here: the caller folds
+// it into the tile's factor, once a tile (an exact power of two either way: the same sums, bit for bit). Per
+// code, the test, the conversion and the x 64 took 6 instructions (sm_90 SASS, 2026-12-07).
+__device__ __forceinline__ float2 nvfp4_block_scales(uint32_t aux) {
+  uint32_t h;  // the codes are the low 16 bits (RawPiece::aux)
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<unsigned short>(aux)));
+  return half2_bits_to_float2(h);
 }
 
 // 2^s for a bf16 vector of length DK (whole warp; every lane gets it): its largest magnitude times 2^s
@@ -204,11 +197,33 @@ __device__ __forceinline__ float load_mma_b(const uint32_t* table, int sq, int s
   return pow2(kLaneColumns || t == 0 ? -sq : -sk);
 }
 
-// One (tile, slab) unit's loads: the lane's pieces of rows g and g + 8, and the tile's NVFP4 tensor scale.
+// One (tile, slab) unit's loads: the lane's pieces of rows g and g + 8.
 struct MmaReadUnit {
   RawPiece row_g, row_g8;
-  float tensor_scale;
 };
+// The NVFP4 tensor scale of each of the block's 16-row tiles (tiles never straddle heads), staged in shared
+// memory right after the B table once a block, 1 for skipped heads: the loop then reads one float a tile where
+// loading it beside the tile took the head's index, a 64-bit address and a global load (about 12 instructions
+// a tile, sm_90 SASS, 2026-12-07). The launch adds their room (nvfp4_tile_scale_floats).
+__host__ __device__ constexpr std::size_t nvfp4_tile_scale_floats(int dv, int NH) { return static_cast<std::size_t>(NH) * dv / 16; }
+__device__ __forceinline__ float* nvfp4_tile_scales(const ReplayShared& sh) { return reinterpret_cast<float*>(sh.mma_b + 32 * kMmaBStride); }
+// A float of shared memory by its 32-bit shared-window address, taken once before a loop: inside the read
+// loop ptxas rebuilt a generic pointer's shared address every tile (about 20 instructions, sm_90 SASS).
+// Volatile: it must stay after the barrier that publishes what it reads.
+__device__ __forceinline__ float load_shared_f32(uint32_t address) {
+  float x;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(x) : "r"(address));
+  return x;
+}
+__device__ __forceinline__ float load_global_f32(const float* p) {
+  float x;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(x) : "l"(p));
+  return x;
+}
+__device__ __forceinline__ void store_shared_f32(uint32_t address, float x) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(address), "f"(x) : "memory");
+}
+__device__ __forceinline__ uint32_t shared_address(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 // The FP8-b128 read at dk = 128 (one block scale per row, staged in shared memory): a unit is one 16-row
 // tile, the lane's 16-byte pieces of rows g and g + 8 in both 64-column slabs (columns slab * 64 + t * 16 ..

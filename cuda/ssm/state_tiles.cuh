@@ -21,6 +21,28 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
+// The two E4M3 codes in bytes 2 half, 2 half + 1 of `word` as an f16x2 (CUDA's exact conversion). On sm_89+
+// the half is picked in PTX, not by a shift: ptxas then converts straight from the register's upper half
+// (F2FP.F16.E4M3.UNPACK_B R.H1), one instruction a pair where `word >> 16` took two (SASS, sm_90, CUDA 13.0).
+template <int kHalf>
+__device__ __forceinline__ uint32_t e4m3x2_to_half2_bits(uint32_t word) {
+  static_assert(kHalf == 0 || kHalf == 1, "a 32-bit word holds two code pairs");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h;
+  if constexpr (kHalf == 0)
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(h) : "r"(word));
+  else
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(h) : "r"(word));
+  return h;
+#else
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> (16 * kHalf)), __NV_E4M3);
+  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+#endif
+}
+__device__ __forceinline__ float2 half2_bits_to_float2(uint32_t bits) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+}
+
 template <StorageFormat F>
 struct FormatTraits;
 template <>
@@ -116,18 +138,15 @@ __device__ __forceinline__ HeadView head_view(const DeviceState& s, std::size_t 
 // Eight E2M1 codes (one 32-bit word, element 2i in the low nibble of byte i) as floats scaled by
 // 2^-6, in element order. Each code becomes an E4M3 byte s 00ee m00 (exponent bias 7 against
 // E2M1's 1, subnormals included: 2^-6 x (m / 2)), so the hardware e4m3x2 -> f16x2 conversion
-// decodes two elements per instruction: 5 integer operations and 4 conversions for 8 elements.
+// decodes two elements per instruction: 7 integer operations (3 shifts, 4 LOP3 in sm_90 SASS) and 4
+// conversions for 8 elements.
 __device__ __forceinline__ void e2m1x8_to_float_scaled(uint32_t word, float* out) {
   const uint32_t even = ((word << 4) & 0x80808080u) | ((word << 2) & 0x1C1C1C1Cu);  // elements 0, 2, 4, 6
   const uint32_t odd = (word & 0x80808080u) | ((word >> 2) & 0x1C1C1C1Cu);         // elements 1, 3, 5, 7
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const __half2_raw e = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(even >> (16 * half)), __NV_E4M3);
-    const __half2_raw o = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(odd >> (16 * half)), __NV_E4M3);
-    const float2 fe = __half22float2(*reinterpret_cast<const __half2*>(&e));
-    const float2 fo = __half22float2(*reinterpret_cast<const __half2*>(&o));
-    out[4 * half + 0] = fe.x, out[4 * half + 1] = fo.x, out[4 * half + 2] = fe.y, out[4 * half + 3] = fo.y;
-  }
+  const float2 fe0 = half2_bits_to_float2(e4m3x2_to_half2_bits<0>(even)), fo0 = half2_bits_to_float2(e4m3x2_to_half2_bits<0>(odd));
+  const float2 fe1 = half2_bits_to_float2(e4m3x2_to_half2_bits<1>(even)), fo1 = half2_bits_to_float2(e4m3x2_to_half2_bits<1>(odd));
+  out[0] = fe0.x, out[1] = fo0.x, out[2] = fe0.y, out[3] = fo0.y;
+  out[4] = fe1.x, out[5] = fo1.x, out[6] = fe1.y, out[7] = fo1.y;
 }
 
 // One piece as loaded from memory, not yet decoded: 16 payload bytes in every format, plus the
@@ -192,14 +211,12 @@ __device__ __forceinline__ void dot_raw_piece(const RawPiece& r, float tensor_sc
     for (int v = 0; v < NV; ++v) part[v] = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
+      const float2 f[2] = {half2_bits_to_float2(e4m3x2_to_half2_bits<0>(w[j])), half2_bits_to_float2(e4m3x2_to_half2_bits<1>(w[j]))};
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const __half2_raw hr =
-            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] >> (16 * half)), __NV_E4M3);
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
         const int e = 4 * j + 2 * half;
 #pragma unroll
-        for (int v = 0; v < NV; ++v) part[v] = fmaf(f.y, vec[v][e + 1], fmaf(f.x, vec[v][e], part[v]));
+        for (int v = 0; v < NV; ++v) part[v] = fmaf(f[half].y, vec[v][e + 1], fmaf(f[half].x, vec[v][e], part[v]));
       }
     }
 #pragma unroll
