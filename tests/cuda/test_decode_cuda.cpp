@@ -1282,3 +1282,62 @@ TEST_CASE("the launchers refuse rings not sized for the verification they serve,
     }
   }
 }
+
+// An E4M3 NaN block-scale code (formats::kE4m3NanCode) in an NVFP4 read checkpoint. The CPU format decodes every
+// element of that block as NaN (formats::nvfp4_decode_element), so the row's read product and that row's output are
+// NaN, and no other output changes. The tensor-core read relies on the hardware e4m3x2 conversion for this (no test
+// of its own since session 34's H8b), the CUDA-core read on an explicit test. Two runs of the same steps from the same
+// inputs, on both read paths: the second sets one code of sequence 0's read copy to the NaN code just before a step
+// in which that sequence reads it (h = 2, no flush). Every other output must equal the first run's bit for bit.
+TEST_CASE("a NaN block-scale code in an NVFP4 read checkpoint makes exactly its row's output NaN, on both read paths") {
+  REQUIRE(std::isnan(formats::nvfp4_decode_element(1, formats::kE4m3NanCode, 1.0f)));
+  const auto policy = ssm::PrecisionPolicy::parse("split:nvfp4/fp32@16");
+  const int L = policy.window, steps = L + 3;  // every sequence has flushed once; sequence 0 ends at h = 2
+  int n = 0;
+  for (const Case& base : replay_cases()) {
+    for (const bool tensor_cores : {false, true}) {
+      Case c = base;
+      c.tensor_core_read = tensor_cores;
+      const DecodeShape& s = c.shape;
+      if (tensor_cores && !cuda::tensor_core_read_exists(c.kind, StorageFormat::nvfp4, s.dk, s.dv)) continue;
+      if (!test::in_test_shard(n)) {
+        ++n;
+        continue;
+      }
+      std::vector<cuda::WindowState> initial(s.batch);
+      for (int b = 0; b < s.batch; ++b) initial[b].h = b % L;
+      const int head = s.value_heads - 1, row = s.dv / 2;  // of sequence 0; the code of the row's first block
+      const std::size_t code = (static_cast<std::size_t>(head) * s.dv + row) * s.dk / formats::kNvfp4BlockSize;
+      const auto run = [&](bool nan_code) {
+        PolicyBuffers buf(c, policy);
+        RecordBuffers rec(s, L, initial);
+        InputGen gen(test::kBaseSeed + 50000 + n, c.slow_decay);
+        std::vector<float> out;
+        for (int step = 0; step < steps; ++step) {
+          const HostStep h = gen.make(c.kind, s, 1);
+          if (nan_code && step == steps - 1) {
+            const uint8_t nan = formats::kE4m3NanCode;
+            REPLAYSSM_CUDA_CHECK(cudaMemcpy(buf.read->scale_codes.ptr + code, &nan, 1, cudaMemcpyHostToDevice));
+          }
+          DeviceStep d(h, s.heads() * s.dv);
+          cuda::replay_step(c.kind, s, d.inputs(), buf.config, rec.view, nullptr);
+          REPLAYSSM_CUDA_CHECK(cudaDeviceSynchronize());
+          if (step == steps - 1) out = d.out.download();
+        }
+        return out;
+      };
+      const std::vector<float> clean = run(false), poisoned = run(true);
+      const std::size_t target = out_offset(s, 0, 1, 0, 0) + static_cast<std::size_t>(head) * s.dv + row;
+      std::size_t changed = 0;
+      for (std::size_t i = 0; i < clean.size(); ++i)
+        if (i != target && std::memcmp(&clean[i], &poisoned[i], sizeof(float)) != 0) ++changed;
+      std::printf("NaN block scale %s %s B=%d H=%d dk=%d dv=%d NH=%d: row output %g -> %g, %zu other outputs changed\n",
+                  std::string(ssm::to_string(c.kind)).c_str(), tensor_cores ? "tensor cores" : "CUDA cores", s.batch,
+                  s.value_heads, s.dk, s.dv, c.heads_per_block, clean[target], poisoned[target], changed);
+      CHECK(std::isfinite(clean[target]));
+      CHECK(std::isnan(poisoned[target]));
+      CHECK(changed == 0);
+      ++n;
+    }
+  }
+}
