@@ -132,9 +132,13 @@ __device__ __forceinline__ void nvfp4_piece_codes(const RawPiece& r, uint32_t (&
 // it into the tile's factor, once a tile (an exact power of two either way: the same sums, bit for bit). Per
 // code, the test, the conversion and the x 64 took 6 instructions (sm_90 SASS, 2026-12-07).
 __device__ __forceinline__ float2 nvfp4_block_scales(uint32_t aux) {
-  uint32_t h;  // the codes are the low 16 bits (RawPiece::aux)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h;  // the codes are the low 16 bits (RawPiece::aux); a 16-bit operand spares ptxas a mask
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<unsigned short>(aux)));
   return half2_bits_to_float2(h);
+#else
+  return half2_bits_to_float2(e4m3x2_to_half2_bits<0>(aux));
+#endif
 }
 
 // 2^s for a bf16 vector of length DK (whole warp; every lane gets it): its largest magnitude times 2^s
