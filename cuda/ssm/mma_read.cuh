@@ -205,12 +205,15 @@ __device__ __forceinline__ float load_mma_b(const uint32_t* table, int sq, int s
 struct MmaReadUnit {
   RawPiece row_g, row_g8;
 };
-// The NVFP4 tensor scale of each of the block's 16-row tiles (tiles never straddle heads), staged in shared
-// memory right after the B table once a block, 1 for skipped heads: the loop then reads one float a tile where
+// Where a read's per-row or per-tile scales are staged: right after the B table (carve_shared leaves the B table
+// last); the launch adds their room (fp8_row_scale_floats, nvfp4_tile_scale_floats) to the block's shared memory.
+__device__ __forceinline__ float* after_b_table(const ReplayShared& sh) { return reinterpret_cast<float*>(sh.mma_b + 32 * kMmaBStride); }
+// The NVFP4 tensor scale of each of the block's 16-row tiles (tiles never straddle heads), staged after the B
+// table once a block, 1 for skipped heads: the loop then reads one float a tile where
 // loading it beside the tile took the head's index, a 64-bit address and a global load (about 12 instructions
 // a tile, sm_90 SASS, 2026-12-07). The launch adds their room (nvfp4_tile_scale_floats).
 __host__ __device__ constexpr std::size_t nvfp4_tile_scale_floats(int dv, int NH) { return static_cast<std::size_t>(NH) * dv / 16; }
-__device__ __forceinline__ float* nvfp4_tile_scales(const ReplayShared& sh) { return reinterpret_cast<float*>(sh.mma_b + 32 * kMmaBStride); }
+__device__ __forceinline__ float* nvfp4_tile_scales(const ReplayShared& sh) { return after_b_table(sh); }
 // A float of shared memory by its 32-bit shared-window address, taken once before a loop: inside the read
 // loop ptxas rebuilt a generic pointer's shared address every tile (about 20 instructions, sm_90 SASS).
 // Volatile: it must stay after the barrier that publishes what it reads.
@@ -235,10 +238,9 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) { return stati
 struct Fp8MmaUnit {
   uint4 row_g[2], row_g8[2];
 };
-// The rows' block scales, staged in shared memory right after the B table; the launch adds their room
-// (fp8_row_scale_floats) to the block's shared memory.
+// The rows' block scales, staged after the B table (after_b_table).
 __host__ __device__ constexpr std::size_t fp8_row_scale_floats(int dv, int NH) { return static_cast<std::size_t>(NH) * dv; }
-__device__ __forceinline__ float* fp8_row_scales(const ReplayShared& sh) { return reinterpret_cast<float*>(sh.mma_b + 32 * kMmaBStride); }
+__device__ __forceinline__ float* fp8_row_scales(const ReplayShared& sh) { return after_b_table(sh); }
 struct Fp8MmaCursor {
   const uint8_t* payload;
 };
