@@ -10,6 +10,11 @@ cd "$(git rev-parse --show-toplevel)"
 stash=$(realpath -m "${STASH:-../slim_stash}")
 case ${1:-} in
   slim)
+    # Checked before anything moves: a typo would otherwise move what the call needs, or stop halfway.
+    case ${MIN_BYTES:-150000} in *[!0-9]*|"") echo "slim_tree.sh: MIN_BYTES must be a whole number of bytes, got '$MIN_BYTES'" >&2; exit 2 ;; esac
+    for k in ${KEEP:-}; do
+      [ -n "$(git ls-files -- "$k*" | head -n 1)" ] || { echo "slim_tree.sh: KEEP prefix '$k' matches no tracked file" >&2; exit 2; }
+    done
     n=0
     while IFS= read -r -d '' f; do
       keep=1
