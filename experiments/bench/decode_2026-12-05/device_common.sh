@@ -5,7 +5,9 @@
 #   run_peers END: vLLM (at most 120 s) and FlashInfer from .device/peers_slim.tar.xz at B = 32-256, L = 16,
 #     until END seconds of the call ($SECONDS) -> $R/peers_*.
 #   ab_rounds ARM: three A/B rounds of the bench, ARM and lib_land alternating (ARM first in odd rounds), Super and Nano
-#     (AB_SHAPES: other shapes; AB_TIMEOUT: seconds a run, default 60) at B = 64, 128, 256, each configuration checked against the CPU decoders -> $R/ab_{ARM,lib_land}_{1,2,3}.{csv,txt}.
+#     (AB_SHAPES: other shapes; AB_TIMEOUT: seconds a run, default 60) at B = 64, 128, 256 (AB_BATCH: other batches),
+#     each configuration checked against the CPU decoders -> $R/ab_{ARM,lib_land}_{1,2,3}.{csv,txt}. AB_END (a $SECONDS
+#     value): no run begun after AB_END - 15, none past AB_END, results snapshotted after each run.
 #   snapshot_results: $OUT/results.tar from what $R holds now (call it after each step that took minutes).
 #   pack_results: repository paths replaced, files compressed, $OUT/results.tar.
 # $R lives outside $OUT: at most 8 files come back from $OUT, so a call stopped at its time limit before
@@ -24,13 +26,18 @@ unpack_pack() {
   nvidia-smi --query-gpu=name,driver_version --format=csv > $R/gpu.txt 2>&1
 }
 ab_rounds() {
-  local round order l t0
+  local round order l t0 limit
   for round in 1 2 3; do
     order="$1 lib_land"; [ $((round % 2)) = 0 ] && order="lib_land $1"
-    for l in $order; do t0=$SECONDS
-      LD_LIBRARY_PATH=$A/$l$SYS timeout ${AB_TIMEOUT:-60} $B/replayssm-bench bench --shapes ${AB_SHAPES:-nemotron-3-super nemotron-3-nano-4b} \
-        --batch 64 128 256 --window 16 --drafts 8 --csv $R/ab_${l}_$round.csv > $R/ab_${l}_$round.txt 2>&1
+    for l in $order; do t0=$SECONDS; limit=${AB_TIMEOUT:-60}
+      if [ -n "${AB_END:-}" ]; then  # a deadline: runs capped by it, none begun with under 15 s left, each snapshotted
+        [ $((AB_END - SECONDS)) -lt 15 ] && { echo "ab $l round $round not run (time)"; continue; }
+        [ $((AB_END - SECONDS)) -lt $limit ] && limit=$((AB_END - SECONDS))
+      fi
+      LD_LIBRARY_PATH=$A/$l$SYS timeout $limit $B/replayssm-bench bench --shapes ${AB_SHAPES:-nemotron-3-super nemotron-3-nano-4b} \
+        --batch ${AB_BATCH:-64 128 256} --window 16 --drafts 8 --csv $R/ab_${l}_$round.csv > $R/ab_${l}_$round.txt 2>&1
       echo "ab $l round $round rc=$? $((SECONDS-t0))s"
+      [ -n "${AB_END:-}" ] && snapshot_results
     done
   done
 }
