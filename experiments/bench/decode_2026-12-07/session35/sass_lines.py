@@ -68,7 +68,10 @@ def main():
     opener = lzma.open if a.profile.endswith(".xz") else open
     with opener(a.profile, "rt", newline="") as f:
         rows = list(csv.reader(f))
-    header, rows = rows[1], rows[2:]
+    at = next((i for i, r in enumerate(rows) if "Instructions Executed" in r), None)
+    if at is None:
+        sys.exit(f"sass_lines.py: {a.profile}: no header row with 'Instructions Executed' (not an ncu source page as CSV)")
+    header, rows = rows[at], rows[at + 1:]
     executed = header.index("Instructions Executed")
     source = header.index("Source")
     sass = sass_of(a.sass, a.kernel)
