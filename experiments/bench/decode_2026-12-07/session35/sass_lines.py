@@ -48,8 +48,11 @@ def opcode(instruction):
 
 
 def parse_group(spec):
-    name, _, where = spec.partition("=")
-    file, _, ranges = where.partition(":")
+    """NAME=FILE:LINES, LINES a comma-separated list of lines and ranges (190,219-233)."""
+    m = re.fullmatch(r"([^=]+)=([^:]+):(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)", spec)
+    if not m:
+        sys.exit(f"sass_lines.py: --group {spec!r}: expected NAME=FILE:LINES, e.g. carve=decode_replay.cuh:190,219-233")
+    name, file, ranges = m.groups()
     lines = set()
     for part in ranges.split(","):
         lo, _, hi = part.partition("-")
@@ -65,6 +68,7 @@ def main():
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--group", action="append", default=[], help="NAME=FILE:LINES (e.g. carve=decode_replay.cuh:190,219-233)")
     a = ap.parse_args()
+    groups = [parse_group(spec) for spec in a.group]
     opener = lzma.open if a.profile.endswith(".xz") else open
     with opener(a.profile, "rt", newline="") as f:
         rows = list(csv.reader(f))
@@ -87,8 +91,7 @@ def main():
     print(f"{warps} warps, {total:.1f} warp instructions a warp")
     for (file, line), n in by_line.most_common(a.top):
         print(f"{file}:{line:<6d} {n:8.1f} {100 * n / total:5.1f}%")
-    for spec in a.group:
-        name, file, lines = parse_group(spec)
+    for name, file, lines in groups:
         n = sum(v for (f, l), v in by_line.items() if f == file and l in lines)
         print(f"group {name}: {n:.1f} a warp ({100 * n / total:.1f}%)")
 
