@@ -14,5 +14,5 @@ if [[ $gpu == *H200* ]]; then
 else
   ARM=lib_h9b PACK=$PACK A_MODEL=qwen3.5-4b \
     AB_SHAPES="nemotron-3-super nemotron-3-nano-4b qwen3.5-4b qwen3.5-122b-a10b kimi-linear-48b-a3b" AB_TIMEOUT=120 \
-    TOTAL=${TOTAL:-560} bash experiments/bench/decode_2026-12-06/session29/call1.sh
+    TOTAL=${TOTAL:-480} bash experiments/bench/decode_2026-12-06/session29/call1.sh
 fi
