@@ -4,7 +4,8 @@
 // h9_per_launch_constants.patch applied, from its root:
 //   nvcc -std=c++17 --expt-relaxed-constexpr -I cuda -I src -isystem /usr/include/eigen3 \
 //        -o h9_layout_check experiments/bench/decode_2026-12-07/session35/h9_layout_check.cu && ./h9_layout_check
-// (session 35: "454656 cases, 0 differ").
+// (session 35: "454656 cases, 0 differ"). The same check serves session 36's H9b (h9b_nvfp4_host_constants.patch,
+// the same shared_layout): "454656 cases, 0 differ" there too.
 #include "ssm/decode_replay.cuh"
 #include <cstdio>
 using namespace replayssm::cuda::decode_detail;
