@@ -207,8 +207,30 @@ __device__ __forceinline__ BlockGeometry block_geometry(const DecodeShape& s, in
 struct SmallDiv {
   float inv;
   __device__ explicit SmallDiv(int d) : inv(1.0f / static_cast<float>(d)) {}
+  // From 1.0f / d computed on the host (NonflushConstants): the host's IEEE division gives the same float as the
+  // device's, which costs a correctly rounded reciprocal, about 12 instructions, in every warp.
+  struct Reciprocal {
+    float value;
+  };
+  __device__ explicit SmallDiv(Reciprocal r) : inv(r.value) {}
   __device__ int operator()(int x) const { return static_cast<int>((static_cast<float>(x) + 0.5f) * inv); }
 };
+// Whether SmallDiv serves divisor d for dividends below `limit`.
+__host__ __device__ constexpr bool small_div_serves(int d, int limit) { return d >= 1 && d <= (1 << 10) && limit <= (1 << 20); }
+
+// block_geometry from the heads per key head and its SmallDiv reciprocal computed on the host (NonflushConstants;
+// 0: outside SmallDiv's range, divide): the two runtime integer divisions above take about 60 instructions in
+// every warp.
+__device__ __forceinline__ BlockGeometry block_geometry(const DecodeShape& s, int NH, int hpg, float inv_hpg,
+                                                        int b = blockIdx.y) {
+  BlockGeometry q;
+  q.H = s.value_heads, q.G = s.key_heads, q.hpg = hpg, q.dk = s.dk, q.dv = s.dv, q.NH = NH;
+  q.b = b;
+  q.head0 = blockIdx.x * NH;
+  q.g = inv_hpg > 0.0f ? SmallDiv(SmallDiv::Reciprocal{inv_hpg})(q.head0) : q.head0 / hpg;
+  q.vh0 = q.head0 - q.g * hpg;
+  return q;
+}
 
 // Ring slot of window position p. start < capacity and p < capacity hold by construction (the
 // launchers require capacity >= L, resp. max(L, T) + T), so one conditional subtraction replaces a

@@ -206,7 +206,7 @@ __host__ __device__ inline std::size_t replay_shared_floats(int L, int DK, int d
          2 * NH + kWarps + mma_b_floats(flush);
 }
 
-__device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK, int dv, int NH, bool flush,
+__host__ __device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK, int dv, int NH, bool flush,
                                                      bool bf16_records) {
   ReplayShared s;
   s.stride = L;
@@ -233,6 +233,73 @@ __device__ __forceinline__ ReplayShared carve_shared(float* base, int L, int DK,
   s.mma_b = flush ? nullptr : reinterpret_cast<uint32_t*>(after + pad);
   return s;
 }
+
+// carve_shared's layout as offsets in floats from the dynamic shared memory's base, computed on the host once per
+// launch for the NVFP4 non-flush kernel (NonflushConstants); the same regions at the same addresses as carve_shared
+// for a 16-byte aligned base, which the dynamic shared memory's is (carve_shared's vals assume it too); the two
+// are kept equal by tests/cuda/test_decode_layout.cu (host, every shape of a grid). mma_b < 0: none (flush blocks).
+struct SharedLayout {
+  int stride, key_stride;
+  int fold, query, vals, a, w, beta, c1, c2, rows1, rows2, gamma, scratch, skip, mma_b;
+};
+__host__ __device__ inline SharedLayout shared_layout(int L, int DK, int dv, int NH, bool flush, bool bf16_records) {
+  SharedLayout o;
+  o.stride = L;
+  o.key_stride = flush_key_stride(DK);
+  o.fold = flush ? L * o.key_stride : 0;  // keys at 0 (flush only)
+  o.query = o.fold + (flush ? kWarps * kFoldRows * o.key_stride : 0);
+  o.vals = o.fold + (flush ? static_cast<int>(flush_fold_floats(DK)) : 0);
+  o.a = o.vals + static_cast<int>(replay_vals_floats(bf16_records, L, dv, NH));
+  o.w = o.a + NH * L;
+  o.beta = o.w + NH * L;
+  o.c1 = o.beta + NH * L;
+  o.c2 = o.c1 + L;
+  o.rows1 = o.c2 + L;
+  o.rows2 = o.rows1 + NH * dv;
+  o.gamma = o.rows2 + NH * dv;
+  o.scratch = o.gamma + NH;
+  o.skip = o.scratch + kWarps;
+  o.mma_b = flush ? -1 : (o.skip + NH + 3) / 4 * 4;  // carve_shared's 16-byte rounding past skip
+  return o;
+}
+
+// The regions at their offsets, advanced from `base` (the kernel's extern shared array) as pointers, so that ptxas
+// knows they are shared memory (carve_shared says why that matters).
+__host__ __device__ __forceinline__ ReplayShared carve_shared_at(float* base, const SharedLayout& o) {
+  ReplayShared s;
+  s.stride = o.stride;
+  s.key_stride = o.key_stride;
+  s.keys = base;
+  s.fold = base + o.fold;
+  s.query = base + o.query;
+  s.vals = base + o.vals;
+  s.a = base + o.a;
+  s.w = base + o.w;
+  s.beta = base + o.beta;
+  s.c1 = base + o.c1;
+  s.c2 = base + o.c2;
+  s.rows1 = base + o.rows1;
+  s.rows2 = base + o.rows2;
+  s.gamma = base + o.gamma;
+  s.scratch = base + o.scratch;
+  s.skip = base + o.skip;
+  s.mma_b = o.mma_b < 0 ? nullptr : reinterpret_cast<uint32_t*>(base + o.mma_b);
+  return s;
+}
+
+// What every warp of every NVFP4 non-flush block would otherwise derive from the launch's shape, computed once per
+// launch by launch_replay_nonflush and passed as the kernel's second parameter: the shared-memory layout and
+// SmallDiv's reciprocals. Per warp they took 247 of the 2,224 warp instructions a warp of Qwen3.5-122B's NVFP4 read
+// (Nsight Compute per-instruction counts against sm_90 -lineinfo SASS, experiments/bench/decode_2026-12-07/
+// session35/). Only the NVFP4 instances use them: moved into every instance (H9, session 36), the FP32 and FP8
+// reads and the flush kernel lost up to 12% to register allocation changes.
+struct NonflushConstants {
+  SharedLayout layout{};
+  int heads_per_group = 1;           // value heads per key head
+  float inv_heads_per_group = 0.0f;  // SmallDiv's 1 / heads_per_group; 0: outside SmallDiv's range, divide
+  float inv_dv = 0.0f;               // SmallDiv's 1 / dv (row -> head)
+  float inv_record_pieces = 0.0f;    // SmallDiv's 1 / (16-byte record pieces a position); 0: none
+};
 
 // Appendix F: sh.skip[n] = 1 when head n's gamma = a_0 a_1 ... a_h0 (window positions 0..h0, the
 // current token's decay at h0) is below `threshold`, else 0; all 0 when threshold is 0. The product
@@ -454,9 +521,11 @@ __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.w
 // decode_2026-12-04/session11/.) The caller waits for the copies (copy_async_wait_all) before the barrier
 // ahead of its fold. Runs that are not 16-byte aligned take an element-wise copy into the same layout.
 // Non-flush blocks and the streamed flush (decode_replay_flush.cu, which weights them at use) stage this way.
-template <ssm::Recurrence K>
+// kGivenReciprocal: `inv_pieces` is SmallDiv's reciprocal of the pieces a position (NonflushConstants), when it
+// is not 0.
+template <ssm::Recurrence K, bool kGivenReciprocal = false>
 __device__ __forceinline__ void stage_window_records(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
-                                                     float* vals, int h0, int staged) {
+                                                     float* vals, int h0, int staged, float inv_pieces = 0.0f) {
   using V = std::conditional_t<K == ssm::Recurrence::mamba2, __nv_bfloat16, float>;
   constexpr int kPiece = 16 / static_cast<int>(sizeof(V));
   const int run = bg.NH * bg.dv;  // values per position
@@ -478,7 +547,8 @@ __device__ __forceinline__ void stage_window_records(const ReplayArgs& A, const 
     const int per_position = run / kPiece;
     // SmallDiv's range (d <= 2^10, x < 2^20 with staged <= 64); a forced wider block divides.
     const bool small = per_position <= 1024;
-    const SmallDiv position_of(per_position);
+    const SmallDiv position_of = kGivenReciprocal && inv_pieces > 0.0f ? SmallDiv(SmallDiv::Reciprocal{inv_pieces})
+                                                                       : SmallDiv(per_position);
     for (int i = threadIdx.x; i < staged * per_position; i += kThreads) {
       const int p = small ? position_of(i) : i / per_position, piece = i - p * per_position;
       copy_async16(dst + static_cast<std::size_t>(p) * run + piece * kPiece, src_of(p) + piece * kPiece, true);
@@ -502,9 +572,9 @@ constexpr int kLargeGridBlocksPerSm = 4;
 
 // Launches one replay kernel over `grid` with `smem` bytes of dynamic shared memory; `programmatic`:
 // as a programmatic dependent launch of the kernel before it in the stream.
-template <class Kernel>
+template <class Kernel, class... Extra>
 void launch_replay_kernel(Kernel kernel, const ReplayArgs& A, dim3 grid, std::size_t smem, bool programmatic,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const Extra&... extra) {
   REPLAYSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -516,7 +586,7 @@ void launch_replay_kernel(Kernel kernel, const ReplayArgs& A, dim3 grid, std::si
   launch_config.stream = stream;
   launch_config.attrs = programmatic ? &attribute : nullptr;
   launch_config.numAttrs = programmatic ? 1 : 0;
-  REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&launch_config, kernel, A));
+  REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&launch_config, kernel, A, extra...));
 }
 
 // The non-flush kernel for the read checkpoint's format (decode_replay_nonflush.cu) and the flush

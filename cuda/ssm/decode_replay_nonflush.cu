@@ -11,6 +11,11 @@ using namespace decode_detail;
 
 namespace {
 
+// Which instances take their shape constants from the host (NonflushConstants) rather than deriving them in every
+// warp: the NVFP4 reads, the most instruction-bound (sessions 36-37, H100: 0.90-0.99x their time with the constants
+// from the host; given to every instance, the FP32 and FP8 reads lost up to 12%).
+constexpr bool uses_host_constants(StorageFormat read) { return read == StorageFormat::nvfp4; }
+
 // Loads (not yet decoded) of row iterations [it0, it0 + kBatch) of the non-flush checkpoint stream.
 // A plain function, not a lambda: a closure holding these arrays put them in local memory.
 // `skipped` (sh.skip, or nullptr when nothing skips): rows of heads whose read is skipped (appendix F)
@@ -80,12 +85,12 @@ __device__ __forceinline__ MmaReadUnit load_mma_unit(const MmaReadCursor& c, con
 // Record phase of the non-flush step: decay weights and key products (c1_p = k_p . q_t; GDN c2_p =
 // k_p . k_t); the record vectors are already in flight (stage_window_records). Ends without a barrier:
 // the checkpoint stream that follows does not read them.
-template <ssm::Recurrence K, int DK>
+template <ssm::Recurrence K, int DK, bool kHostConstants>
 __device__ __forceinline__ void nonflush_record_phase(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
                                                       const ReplayShared& sh, int h0, int staged, const __nv_bfloat16* q_t,
-                                                      const __nv_bfloat16* k_t) {
+                                                      const __nv_bfloat16* k_t, const NonflushConstants& C) {
   const int lane = threadIdx.x % 32;
-  stage_window_records<K>(A, bg, win, sh.vals, h0, staged);
+  stage_window_records<K, kHostConstants>(A, bg, win, sh.vals, h0, staged, C.inv_record_pieces);
   stage_decay_weights(A, bg, win, sh, h0, staged, false);
   using KT = Tile<StorageFormat::fp32, DK>;
   float qf[KT::P][4], kf[KT::P][4];
@@ -175,7 +180,8 @@ __device__ __forceinline__ void fold_rows(const ReplayArgs& A, const BlockGeomet
 // else on the CUDA cores in the Tile geometry of state_tiles.cuh.
 template <ssm::Recurrence K, StorageFormat R, int DK, bool kSkip, bool kMma>
 __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& bg, const WindowState& win,
-                                      const ReplayShared& sh) {
+                                      const ReplayShared& sh, const NonflushConstants& C) {
+  constexpr bool kHostConstants = uses_host_constants(R);
   using T = Tile<R, DK>;
   constexpr int E = T::E, P = T::P, LPR = T::LPR, RW = T::RW;
   constexpr int NV = K == ssm::Recurrence::gdn ? 2 : 1;
@@ -193,7 +199,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
   const HeadView rv = head_view(read_state, hb0, dv, DK);  // NH adjacent heads: one tall matrix
   const float* const tensor_scales = read_state.tensor_scales;
   const int rows_total = NH * dv;
-  const SmallDiv head_of_row(dv);
+  const SmallDiv head_of_row = kHostConstants ? SmallDiv(SmallDiv::Reciprocal{C.inv_dv}) : SmallDiv(dv);
   // Appendix F: the skip decisions come before the first load, so no skipped row is read.
   const bool skip_on = kSkip && A.skip_read > 0.0f;
   if (skip_on) stage_skip_flags(A, bg, win, sh, h0, A.skip_read);
@@ -228,7 +234,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
     copy_async_commit();
     const int sq = mma_vector_exponent<DK>(q_t), sk = mma_vector_exponent<DK>(k_t);
     build_mma_b_table<DK, false, R>(q_t, k_t, sq, sk, sh.mma_b);
-    nonflush_record_phase<K, DK>(A, bg, win, sh, h0, staged, q_t, k_t);
+    nonflush_record_phase<K, DK, kHostConstants>(A, bg, win, sh, h0, staged, q_t, k_t, C);
     asm volatile("cp.async.wait_group 1;" ::: "memory");
     __syncthreads();
     uint32_t b[DK / 8];
@@ -288,7 +294,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
       constexpr bool kLaneColumns = NV == 1;
       const int sq = mma_vector_exponent<DK>(q_t), sk = NV == 2 ? mma_vector_exponent<DK>(k_t) : 0;
       build_mma_b_table<DK, kLaneColumns>(q_t, NV == 2 ? k_t : nullptr, sq, sk, sh.mma_b);
-      nonflush_record_phase<K, DK>(A, bg, win, sh, h0, staged, q_t, k_t);
+      nonflush_record_phase<K, DK, kHostConstants>(A, bg, win, sh, h0, staged, q_t, k_t, C);
       if (static_cast<int>(threadIdx.x) < tiles) tile_scales[threadIdx.x] = my_tile_scale;
       for (int i = threadIdx.x + kThreads; i < tiles; i += kThreads) tile_scales[i] = tile_scale(i);
       __syncthreads();
@@ -363,7 +369,7 @@ __device__ void replay_nonflush_block(const ReplayArgs& A, const BlockGeometry& 
     RawPiece raw[kBatch][P];
     float tscale[kBatch];
     load_checkpoint_batch<R, DK>(rv, tensor_scales, hb0, head_of_row, rows_total, iterations, 0, raw, tscale, skipped);
-    nonflush_record_phase<K, DK>(A, bg, win, sh, h0, staged, q_t, k_t);
+    nonflush_record_phase<K, DK, kHostConstants>(A, bg, win, sh, h0, staged, q_t, k_t, C);
     // Stream the NH heads' read checkpoints: rows1 = S q (rows2 = S k).
     float vecs[P][NV][E];  // lane slices of q (and k), piece-major as dot_raw_piece takes them
 #pragma unroll
@@ -468,20 +474,42 @@ constexpr int nonflush_min_blocks() {
   return K == ssm::Recurrence::gdn && R == StorageFormat::fp8b128 ? 3 : 4;
 }
 // kSkip: appendix F skipping in use (its own instantiation, so the plain kernel keeps its registers).
+// C: the launch's constants (NonflushConstants), used by the NVFP4 instances only (uses_host_constants).
 template <ssm::Recurrence K, StorageFormat R, int DK, bool kSkip, bool kMma>
-__global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK, kMma, kSkip>()) replay_nonflush_kernel(ReplayArgs A) {
+__global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK, kMma, kSkip>())
+    replay_nonflush_kernel(ReplayArgs A, NonflushConstants C) {
+  constexpr bool kHostConstants = uses_host_constants(R);
   extern __shared__ float smem[];
-  const BlockGeometry bg = block_geometry(A.shape, A.heads_per_block);
+  const BlockGeometry bg = kHostConstants
+                               ? block_geometry(A.shape, A.heads_per_block, C.heads_per_group, C.inv_heads_per_group)
+                               : block_geometry(A.shape, A.heads_per_block);
   const WindowState win = current_window(A.rec, bg.b);
   const bool flush = win.h + 1 >= A.window;  // the flush kernel's sequence
   nonflush_window_duties(A, bg.b, win, flush);
   if (!flush) {
-    const ReplayShared sh = carve_shared(smem, A.window, DK, bg.dv, bg.NH, false,
-                                         bf16_sized_records(K, R) && A.bf16_records);
+    const ReplayShared sh = kHostConstants ? carve_shared_at(smem, C.layout)
+                                           : carve_shared(smem, A.window, DK, bg.dv, bg.NH, false,
+                                                          bf16_sized_records(K, R) && A.bf16_records);
     append_record(A, bg, win, DK, K == ssm::Recurrence::gdn);
-    replay_nonflush_block<K, R, DK, kSkip, kMma>(A, bg, win, sh);
+    replay_nonflush_block<K, R, DK, kSkip, kMma>(A, bg, win, sh, C);
   }
   step_block_done(A.rec, bg.b, step_blocks_of(A, flush));  // this kernel's and the flush kernel's blocks
+}
+
+// The kernel's per-launch constants (NonflushConstants): each the value the kernel would compute from the shape, so
+// every output is the same bit for bit (1.0f / d on the host is IEEE division, as the device's is).
+NonflushConstants nonflush_constants(ssm::Recurrence kind, StorageFormat read, const ReplayArgs& A) {
+  const DecodeShape& s = A.shape;
+  const int NH = A.heads_per_block, hpg = s.heads_per_group();
+  NonflushConstants c;
+  c.layout = shared_layout(A.window, s.dk, s.dv, NH, false, bf16_sized_records(kind, read) && A.bf16_records);
+  c.heads_per_group = hpg;
+  c.inv_heads_per_group = small_div_serves(hpg, s.value_heads) ? 1.0f / static_cast<float>(hpg) : 0.0f;
+  c.inv_dv = 1.0f / static_cast<float>(s.dv);
+  // stage_window_records' 16-byte pieces: Mamba-2's bf16 v (8 a piece), GDN's fp32 u (4).
+  const int run = NH * s.dv, piece = kind == ssm::Recurrence::mamba2 ? 8 : 4;
+  c.inv_record_pieces = run % piece == 0 && run / piece <= 1024 ? 1.0f / static_cast<float>(run / piece) : 0.0f;
+  return c;
 }
 
 }  // namespace
@@ -489,6 +517,7 @@ __global__ void __launch_bounds__(kThreads, nonflush_min_blocks<K, R, DK, kMma, 
 void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat read, const ReplayArgs& A, dim3 grid,
                                            cudaStream_t stream) {
   check_step_blocks(A, grid, false);
+  const NonflushConstants C = uses_host_constants(read) ? nonflush_constants(kind, read, A) : NonflushConstants{};
   const std::size_t smem = sizeof(float) * replay_shared_floats(A.window, A.shape.dk, A.shape.dv, A.heads_per_block, false,
                                                                 bf16_sized_records(kind, read) && A.bf16_records);
   with_kind(kind, [&](auto K) {
@@ -503,8 +532,8 @@ void decode_detail::launch_replay_nonflush(ssm::Recurrence kind, StorageFormat r
               smem + (!kMma() ? 0
                       : R() == SF::fp8b128 ? sizeof(float) * fp8_row_scale_floats(A.shape.dv, A.heads_per_block)
                                            : sizeof(float) * nvfp4_tile_scale_floats(A.shape.dv, A.heads_per_block));
-          if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true, kMma()>, A, grid, bytes, flush_kernel_launched(A), stream);
-          else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false, kMma()>, A, grid, bytes, flush_kernel_launched(A), stream);
+          if (A.skip_read > 0.0f) launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), true, kMma()>, A, grid, bytes, flush_kernel_launched(A), stream, C);
+          else launch_replay_kernel(replay_nonflush_kernel<K(), R(), DK(), false, kMma()>, A, grid, bytes, flush_kernel_launched(A), stream, C);
         };
         if constexpr (mma_read_applies<K(), R(), DK()>()) {
           using Path = ReplayConfig::ReadPath;
