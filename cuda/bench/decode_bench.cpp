@@ -15,6 +15,7 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,14 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+// NVTX ships with the CUDA toolkit (header-only since NVTX 3); a toolkit installed without it builds a bench
+// without row ranges, which says so in its header.
+#if __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h>
+#define REPLAYSSM_BENCH_NVTX 1
+#else
+#define REPLAYSSM_BENCH_NVTX 0
+#endif
 
 #include "bench/bench_fill.h"
 #include "cuda_check.h"
@@ -820,6 +829,66 @@ struct Row {
   double us, bytes, gbps, pct_copy, speedup;
 };
 
+// The main table's row labels, in one place: the run's rows, --rows' check and bench_row_labels use these.
+namespace label {
+constexpr const char* kConventionalFp32 = "conventional fp32";
+std::string conventional(StorageFormat f) { return fmt::format("conventional {}", formats::to_string(f)); }
+constexpr StorageFormat kConventionalLowp[] = {StorageFormat::fp16, StorageFormat::bf16};
+constexpr const char* kConventionalFp16Ef = "conventional fp16+ef";
+constexpr const char* kStaggered = "replay fp32 (staggered windows)";
+constexpr const char* kNonflush = "replay fp32 non-flush step";
+constexpr const char* kFlush = "replay fp32 flush step";
+constexpr const char* kAmortised = "replay fp32 amortised ((L-1)nf+f)/L";
+std::string read(StorageFormat f) { return fmt::format("non-flush read {} (x over fp32 read)", formats::to_string(f)); }
+constexpr StorageFormat kReads[] = {StorageFormat::fp16, StorageFormat::fp8b128, StorageFormat::nvfp4};
+std::string nvfp4_skip(int quarters) { return fmt::format("nvfp4 read skip=auto, {}% skip (x no skip)", 25 * quarters); }
+constexpr int kSkipQuarters[] = {0, 2, 4};
+constexpr const char* kFp32Skip = "fp32 read skip=auto, 100% skip (x no skip)";
+constexpr const char* kPureWriteFlush = "flush skip=auto, pure write (x flush)";
+constexpr const char* kSplitFlush = "flush split nvfp4/fp32 (x shared flush)";
+constexpr const char* kSplitFlushEf = "flush split nvfp4+ef/fp32 (x no ef)";
+constexpr const char* kVerifyNoFlush = "verify output-only (no flush)";
+constexpr const char* kVerifyFlush = "verify output-only (with flush)";
+constexpr const char* kSplitVerifyNoFlush = "verify split nvfp4/fp32, LP read (no flush)";
+constexpr const char* kSplitVerifyFlush = "verify split nvfp4/fp32 (with flush: both written)";
+constexpr const char* kSnapshotVerify = "verify snapshot baseline (1R + T W)";
+}  // namespace label
+
+// --rows: which rows are timed (every row when the pattern is empty). check_bench_options has compiled the
+// pattern once already, so a bad one never reaches a GPU.
+class RowSelection {
+ public:
+  explicit RowSelection(const std::string& pattern) : every_(pattern.empty()) {
+    if (!every_) pattern_ = std::regex(pattern, std::regex::ECMAScript);
+  }
+  bool operator()(const std::string& row) const { return every_ || std::regex_search(row, pattern_); }
+
+ private:
+  bool every_;
+  std::regex pattern_;
+};
+
+// A row's timing inside an NVTX range named after it (bench_row_range_name): a profiler takes one row's kernels
+// with ncu --nvtx --nvtx-include "<range name>/". Without a tool attached the push and pop cost next to nothing.
+class RowRange {
+ public:
+#if REPLAYSSM_BENCH_NVTX
+  explicit RowRange(const std::string& row) { nvtxRangePushA(bench_row_range_name(row).c_str()); }
+  ~RowRange() { nvtxRangePop(); }
+#else
+  explicit RowRange(const std::string&) {}
+#endif
+  RowRange(const RowRange&) = delete;
+  RowRange& operator=(const RowRange&) = delete;
+};
+
+// time_us inside the row's NVTX range.
+double time_row(const std::string& row, int repeats, const std::function<void()>& timed,
+                const std::function<void()>& prepare = {}) {
+  const RowRange range(row);
+  return time_us(repeats, timed, prepare);
+}
+
 std::vector<Row> scheme_table(const BenchOptions& o, DeviceArena& arena, double copy_gbps) {
   std::vector<Row> rows;
   std::printf("# Figure 7 (paper appendix A): one verify step of T drafts + the state recovery once the accepted length a "
@@ -1003,6 +1072,36 @@ void check_bench_options(const BenchOptions& o) {
   if (o.heads_per_block < 0) refuse(fmt::format("--heads-per-block must be >= 0 (got {})", o.heads_per_block));
   if (o.flush_heads_per_block < 0)
     refuse(fmt::format("--flush-heads-per-block must be >= 0 (got {})", o.flush_heads_per_block));
+  if (!o.rows.empty()) {
+    if (o.schemes) refuse("--rows selects rows of the main table; --schemes prints figure 7's table instead");
+    std::regex pattern;
+    try {
+      pattern = std::regex(o.rows, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      refuse(fmt::format("--rows '{}': not a regular expression (ECMAScript): {}", o.rows, e.what()));
+    }
+    const std::vector<std::string> labels = bench_row_labels();
+    if (std::none_of(labels.begin(), labels.end(), [&](const std::string& l) { return std::regex_search(l, pattern); }))
+      refuse(fmt::format("--rows '{}' matches no row; the rows are: {}", o.rows, fmt::join(labels, "; ")));
+  }
+}
+
+std::vector<std::string> bench_row_labels() {
+  std::vector<std::string> rows = {label::kConventionalFp32};
+  for (StorageFormat f : label::kConventionalLowp) rows.push_back(label::conventional(f));
+  rows.insert(rows.end(), {label::kConventionalFp16Ef, label::kStaggered, label::kNonflush, label::kFlush, label::kAmortised});
+  for (StorageFormat f : label::kReads) rows.push_back(label::read(f));
+  for (int q : label::kSkipQuarters) rows.push_back(label::nvfp4_skip(q));
+  rows.insert(rows.end(), {label::kFp32Skip, label::kPureWriteFlush, label::kSplitFlush, label::kSplitFlushEf,
+                           label::kVerifyNoFlush, label::kVerifyFlush, label::kSplitVerifyNoFlush, label::kSplitVerifyFlush,
+                           label::kSnapshotVerify});
+  return rows;
+}
+
+std::string bench_row_range_name(const std::string& label) {
+  std::string name = label;
+  std::replace(name.begin(), name.end(), '/', '|');
+  return name;
 }
 
 int run_decode_bench(const BenchOptions& o) {
@@ -1055,6 +1154,24 @@ int run_decode_bench(const BenchOptions& o) {
   std::printf("| model | kernel | B | L/T | us/step | MB/step | GB/s | %% copy | vs conv |\n|---|---|---|---|---|---|---|---|---|\n");
   const int max_window = *std::max_element(o.windows.begin(), o.windows.end());
   const int max_drafts = *std::max_element(o.drafts.begin(), o.drafts.end());
+  // --rows: a row is timed when its label is selected or a timed row is measured against it (the last column).
+  const RowSelection selected(o.rows);
+  auto any_selected = [&](const auto& labels) {
+    return std::any_of(std::begin(labels), std::end(labels), [&](const auto& l) { return selected(l); });
+  };
+  std::vector<std::string> read_rows, skip_rows;
+  for (StorageFormat f : label::kReads) read_rows.push_back(label::read(f));
+  for (int q : label::kSkipQuarters) skip_rows.push_back(label::nvfp4_skip(q));
+  const bool time_skips = any_selected(skip_rows);
+  const bool time_nvfp4_read = selected(label::read(StorageFormat::nvfp4)) || time_skips;
+  const bool time_split_flush_ef = selected(label::kSplitFlushEf);
+  const bool time_split_flush = selected(label::kSplitFlush) || time_split_flush_ef;
+  const bool time_flush = selected(label::kFlush) || selected(label::kAmortised) || selected(label::kPureWriteFlush) ||
+                          time_split_flush;
+  const bool time_nonflush = selected(label::kNonflush) || selected(label::kAmortised) || selected(label::kFp32Skip) ||
+                             any_selected(read_rows) || time_nvfp4_read;
+  if (!o.rows.empty()) std::printf("# rows: those whose label matches '%s', and the rows they are measured against\n", o.rows.c_str());
+  if (!REPLAYSSM_BENCH_NVTX) std::printf("# no NVTX ranges: this build's CUDA toolkit has no nvtx3 headers\n");
   for (const std::string& name : o.shapes) {
     const ssm::ModelShape& m = ssm::find_shape(name);
     const ssm::Recurrence kind = m.kind;
@@ -1066,26 +1183,27 @@ int run_decode_bench(const BenchOptions& o) {
       const ByteModel bm{s, kind};
       int copy = 0;
       auto next_copy = [&] { copy = (copy + 1) % ws.copies; return copy; };
-      // Conventional FP32 (the bar).
-      const double conv_us = time_us(o.repeats, [&] { conventional_step(kind, s, ws.inputs(), ws.fp32_state(next_copy()), nullptr); });
-      add(m, "conventional fp32", B, 1, conv_us, bm.conventional(), conv_us);
-      for (StorageFormat f : {StorageFormat::fp16, StorageFormat::bf16}) {
+      // Conventional FP32 (the bar, and every row's "vs conv" column: timed whatever --rows selects).
+      const double conv_us = time_row(label::kConventionalFp32, o.repeats,
+                                      [&] { conventional_step(kind, s, ws.inputs(), ws.fp32_state(next_copy()), nullptr); });
+      add(m, label::kConventionalFp32, B, 1, conv_us, bm.conventional(), conv_us);
+      for (StorageFormat f : label::kConventionalLowp) {
+        if (!selected(label::conventional(f))) continue;
         DeviceState st = ws.lowp_state(f, 0);
-        const double us = time_us(o.repeats, [&] {
+        const double us = time_row(label::conventional(f), o.repeats, [&] {
           st = ws.lowp_state(f, next_copy());
           conventional_step(kind, s, ws.inputs(), st, nullptr);
         });
-        add(m, fmt::format("conventional {}", formats::to_string(f)), B, 1, us,
-            2 * bm.lowp_state(f) + bm.inputs(), conv_us);
+        add(m, label::conventional(f), B, 1, us, 2 * bm.lowp_state(f) + bm.inputs(), conv_us);
       }
-      {  // error feedback: the fp32 residual read and written besides the fp16 state
+      if (selected(label::kConventionalFp16Ef)) {  // error feedback: the fp32 residual read and written besides the fp16 state
         DeviceState st = ws.lowp_state(StorageFormat::fp16, 0);
-        const double us = time_us(o.repeats, [&] {
+        const double us = time_row(label::kConventionalFp16Ef, o.repeats, [&] {
           st = ws.lowp_state(StorageFormat::fp16, next_copy());
           st.residual = ws.residual->ptr;
           conventional_step(kind, s, ws.inputs(), st, nullptr, formats::Rounding::ef);
         });
-        add(m, "conventional fp16+ef", B, 1, us, 2 * bm.lowp_state(StorageFormat::fp16) + 2 * bm.residual() + bm.inputs(),
+        add(m, label::kConventionalFp16Ef, B, 1, us, 2 * bm.lowp_state(StorageFormat::fp16) + 2 * bm.residual() + bm.inputs(),
             conv_us);
       }
       for (int L : o.windows) {
@@ -1100,80 +1218,89 @@ int run_decode_bench(const BenchOptions& o) {
           for (int t = 0; t < L; ++t) replay_step(kind, s, ws.inputs(), staggered_lists.at(c, t), rec, nullptr);
         };
         cfg.recur = ws.fp32_state(0);
-        const double staggered = time_us(std::max(3, o.repeats / 3), [&] { cfg.recur = ws.fp32_state(next_copy()); run_window(cfg); },
-                                         [&] { ws.set_windows([&](int b) { return b % L; }); }) / L;
-        add(m, "replay fp32 (staggered windows)", B, L, staggered, bm.window(L, bm.state()) / L, conv_us);
+        if (selected(label::kStaggered)) {
+          const double staggered =
+              time_row(label::kStaggered, std::max(3, o.repeats / 3), [&] { cfg.recur = ws.fp32_state(next_copy()); run_window(cfg); },
+                       [&] { ws.set_windows([&](int b) { return b % L; }); }) / L;
+          add(m, label::kStaggered, B, L, staggered, bm.window(L, bm.state()) / L, conv_us);
+        }
         // Aligned: one non-flush step (h0 = L/2) and one flush step, timed separately. Every sequence is at h0,
         // so a step's flush list is every sequence (h0 = L - 1) or none.
         const FlushSchedule none_flush(kind, B, L, [&](int) { return 0; }, o.flush_lists),
             all_flush(kind, B, L, [&](int) { return L - 1; }, o.flush_lists);
         auto aligned = [&](const ReplayConfig& c, int h0) { return (h0 + 1 >= L ? all_flush : none_flush).at(c, 0); };
-        auto one_step = [&](const ReplayConfig& c, int h0) {
-          return time_us(o.repeats, [&] {
+        auto one_step = [&](const std::string& row, const ReplayConfig& c, int h0) {
+          return time_row(row, o.repeats, [&] {
             DeviceRecords rec = ws.records();
             replay_step(kind, s, ws.inputs(), aligned(c, h0), rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return h0; }); });
         };
-        const double nf32 = one_step(cfg, L / 2);
-        const double fl = one_step(cfg, L - 1);
-        add(m, "replay fp32 non-flush step", B, L, nf32, bm.nonflush(L / 2, bm.state()), conv_us);
-        add(m, "replay fp32 flush step", B, L, fl, bm.flush(L), conv_us);
-        add(m, "replay fp32 amortised ((L-1)nf+f)/L", B, L, ((L - 1) * nf32 + fl) / L, bm.window(L, bm.state()) / L, conv_us);
+        const double nf32 = time_nonflush ? one_step(label::kNonflush, cfg, L / 2) : 0.0;
+        const double fl = time_flush ? one_step(label::kFlush, cfg, L - 1) : 0.0;
+        if (time_nonflush) add(m, label::kNonflush, B, L, nf32, bm.nonflush(L / 2, bm.state()), conv_us);
+        if (time_flush) add(m, label::kFlush, B, L, fl, bm.flush(L), conv_us);
+        if (time_nonflush && time_flush)
+          add(m, label::kAmortised, B, L, ((L - 1) * nf32 + fl) / L, bm.window(L, bm.state()) / L, conv_us);
         double nvfp4_us = 0.0;
-        for (StorageFormat f : {StorageFormat::fp16, StorageFormat::fp8b128, StorageFormat::nvfp4}) {
+        for (StorageFormat f : label::kReads) {
+          if (!selected(label::read(f)) && !(f == StorageFormat::nvfp4 && time_nvfp4_read)) continue;
           ReplayConfig split = cfg;
           split.read = ws.lowp_state(f, 0);
-          const double us = time_us(o.repeats, [&] {
+          const double us = time_row(label::read(f), o.repeats, [&] {
             const int c = next_copy();
             split.recur = ws.fp32_state(c);
             split.read = ws.lowp_state(f, c);
             DeviceRecords rec = ws.records();
             replay_step(kind, s, ws.inputs(), aligned(split, L / 2), rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return L / 2; }); });
-          add(m, fmt::format("non-flush read {} (x over fp32 read)", formats::to_string(f)), B, L, us,
-              bm.nonflush(L / 2, bm.lowp_state(f)), nf32);
+          add(m, label::read(f), B, L, us, bm.nonflush(L / 2, bm.lowp_state(f)), nf32);
           if (f == StorageFormat::nvfp4) nvfp4_us = us;
         }
         // Appendix F: non-flush steps with skip=auto when 0, 2 or 4 of every 4 value heads skip their
         // read (their current decay set to 1e-9), against the same read without skipping; and a flush
         // that is a pure write for every head. The 0% row is the cost of the decisions alone.
-        for (int quarters : {0, 2, 4}) {
+        for (int quarters : label::kSkipQuarters) {
+          if (!selected(label::nvfp4_skip(quarters))) continue;
           ws.fill_inputs(Workspace::kTimedInputSeed);
           ws.set_head_decays(quarters, 1e-9f);
           ReplayConfig skip = cfg;
           skip.skip_threshold_read = formats::unit_roundoff(StorageFormat::nvfp4);
           skip.skip_threshold_flush = formats::unit_roundoff(StorageFormat::fp32);
-          const double us = time_us(o.repeats, [&] {
+          const double us = time_row(label::nvfp4_skip(quarters), o.repeats, [&] {
             const int c = next_copy();
             skip.recur = ws.fp32_state(c);
             skip.read = ws.lowp_state(StorageFormat::nvfp4, c);
             DeviceRecords rec = ws.records();
             replay_step(kind, s, ws.inputs(), aligned(skip, L / 2), rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return L / 2; }); });
-          add(m, fmt::format("nvfp4 read skip=auto, {}% skip (x no skip)", 25 * quarters), B, L, us,
+          add(m, label::nvfp4_skip(quarters), B, L, us,
               bm.nonflush(L / 2, bm.lowp_state(StorageFormat::nvfp4) * (1.0 - quarters / 4.0)), nvfp4_us);
         }
-        {
+        if (selected(label::kFp32Skip) || selected(label::kPureWriteFlush)) {
           ReplayConfig skip = cfg;
           skip.skip_threshold_read = skip.skip_threshold_flush = formats::unit_roundoff(StorageFormat::fp32);
-          auto skipped_step = [&](int h0) {
-            return time_us(o.repeats, [&] {
+          auto skipped_step = [&](const std::string& row, int h0) {
+            return time_row(row, o.repeats, [&] {
               skip.recur = ws.fp32_state(next_copy());
               DeviceRecords rec = ws.records();
               replay_step(kind, s, ws.inputs(), aligned(skip, h0), rec, nullptr);
             }, [&] { ws.set_windows([&](int) { return h0; }); });
           };
           ws.set_head_decays(4, 1e-9f);
-          add(m, "fp32 read skip=auto, 100% skip (x no skip)", B, L, skipped_step(L / 2), bm.nonflush(L / 2, 0.0), nf32);
-          add(m, "flush skip=auto, pure write (x flush)", B, L, skipped_step(L - 1), bm.flush(L) - bm.state(), fl);
-          ws.fill_inputs(Workspace::kTimedInputSeed);  // the timed decays again
+          if (selected(label::kFp32Skip))
+            add(m, label::kFp32Skip, B, L, skipped_step(label::kFp32Skip, L / 2), bm.nonflush(L / 2, 0.0), nf32);
+          if (selected(label::kPureWriteFlush))
+            add(m, label::kPureWriteFlush, B, L, skipped_step(label::kPureWriteFlush, L - 1), bm.flush(L) - bm.state(), fl);
         }
+        ws.fill_inputs(Workspace::kTimedInputSeed);  // the timed decays again
         // Error feedback on the NVFP4 read copy of a split flush (its fp32 residual read and written).
         double split_flush_us = 0.0;
         for (bool ef : {false, true}) {
+          const char* row = ef ? label::kSplitFlushEf : label::kSplitFlush;
+          if (!(ef ? time_split_flush_ef : time_split_flush)) continue;
           ReplayConfig split = cfg;
           if (ef) split.read_rounding = formats::Rounding::ef;
-          const double us = time_us(o.repeats, [&] {
+          const double us = time_row(row, o.repeats, [&] {
             const int c = next_copy();
             split.recur = ws.fp32_state(c);
             split.read = ws.lowp_state(StorageFormat::nvfp4, c);
@@ -1182,8 +1309,8 @@ int run_decode_bench(const BenchOptions& o) {
             replay_step(kind, s, ws.inputs(), aligned(split, L - 1), rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return L - 1; }); });
           if (!ef) split_flush_us = us;
-          add(m, ef ? "flush split nvfp4+ef/fp32 (x no ef)" : "flush split nvfp4/fp32 (x shared flush)", B, L, us,
-              bm.flush(L) + bm.lowp_state(StorageFormat::nvfp4) + (ef ? 2 * bm.residual() : 0.0), ef ? split_flush_us : fl);
+          add(m, row, B, L, us, bm.flush(L) + bm.lowp_state(StorageFormat::nvfp4) + (ef ? 2 * bm.residual() : 0.0),
+              ef ? split_flush_us : fl);
         }
       }
       // Speculative verification at L = 16: output-only (no flush: h = 0; flush: h = 16 - T + 1)
@@ -1193,25 +1320,26 @@ int run_decode_bench(const BenchOptions& o) {
         ReplayConfig cfg;
         cfg.window = 16;
         cfg.recur = ws.fp32_state(0);
-        auto verify_at = [&](int h0) {
-          return time_us(o.repeats, [&] {
+        auto verify_at = [&](const char* row, int h0) {
+          return time_row(row, o.repeats, [&] {
             cfg.recur = ws.fp32_state(next_copy());
             DeviceRecords rec = ws.records(T);
             verify_step(kind, s, T, ws.inputs(), cfg, rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return h0; }); });
         };
-        const double v0 = verify_at(0);
-        add(m, "verify output-only (no flush)", B, T, v0, bm.state() + bm.inputs(T) + T * bm.record(), conv_us);
+        if (selected(label::kVerifyNoFlush))
+          add(m, label::kVerifyNoFlush, B, T, verify_at(label::kVerifyNoFlush, 0), bm.state() + bm.inputs(T) + T * bm.record(),
+              conv_us);
         // With a flush at h = 16 - T + 1, the step reads the h committed records and writes the T drafts' records.
         const int h_flush = 16 - T + 1;
-        const double v1 = verify_at(h_flush);
-        add(m, "verify output-only (with flush)", B, T, v1, 2 * bm.state() + bm.inputs(T) + (h_flush + T) * bm.record(),
-            conv_us);
+        if (selected(label::kVerifyFlush))
+          add(m, label::kVerifyFlush, B, T, verify_at(label::kVerifyFlush, h_flush),
+              2 * bm.state() + bm.inputs(T) + (h_flush + T) * bm.record(), conv_us);
         // Algorithm 3 (decode_verify_split.cu, written for clarity, not yet tuned): NVFP4 LP read
         // without a flush; with a flush the HP read, the fold and both writes.
-        auto split_verify_at = [&](int h0) {
+        auto split_verify_at = [&](const char* row, int h0) {
           ReplayConfig split = cfg;
-          return time_us(o.repeats, [&] {
+          return time_row(row, o.repeats, [&] {
             const int c = next_copy();
             split.recur = ws.fp32_state(c);
             split.read = ws.lowp_state(StorageFormat::nvfp4, c);
@@ -1219,16 +1347,19 @@ int run_decode_bench(const BenchOptions& o) {
             verify_step(kind, s, T, ws.inputs(), split, rec, nullptr);
           }, [&] { ws.set_windows([&](int) { return h0; }); });
         };
-        add(m, "verify split nvfp4/fp32, LP read (no flush)", B, T, split_verify_at(0),
-            bm.lowp_state(StorageFormat::nvfp4) + bm.inputs(T) + T * bm.record(), conv_us);
-        add(m, "verify split nvfp4/fp32 (with flush: both written)", B, T, split_verify_at(h_flush),
-            2 * bm.state() + bm.lowp_state(StorageFormat::nvfp4) + bm.inputs(T) + (h_flush + T) * bm.record(), conv_us);
+        if (selected(label::kSplitVerifyNoFlush))
+          add(m, label::kSplitVerifyNoFlush, B, T, split_verify_at(label::kSplitVerifyNoFlush, 0),
+              bm.lowp_state(StorageFormat::nvfp4) + bm.inputs(T) + T * bm.record(), conv_us);
+        if (selected(label::kSplitVerifyFlush))
+          add(m, label::kSplitVerifyFlush, B, T, split_verify_at(label::kSplitVerifyFlush, h_flush),
+              2 * bm.state() + bm.lowp_state(StorageFormat::nvfp4) + bm.inputs(T) + (h_flush + T) * bm.record(), conv_us);
         if (kind == ssm::Recurrence::kda) continue;  // the snapshot baseline is written for scalar decays
+        if (!selected(label::kSnapshotVerify)) continue;
         if (!snaps || snaps->n < ws.state_elems * T) snaps = std::make_unique<Buffer<float>>(ws.state_elems * max_drafts);
-        const double sv = time_us(o.repeats, [&] {
+        const double sv = time_row(label::kSnapshotVerify, o.repeats, [&] {
           snapshot_verify_step(kind, s, T, ws.inputs(), ws.state->ptr + ws.state_elems * next_copy(), snaps->ptr, nullptr);
         });
-        add(m, "verify snapshot baseline (1R + T W)", B, T, sv, (1.0 + T) * bm.state() + bm.inputs(T), conv_us);
+        add(m, label::kSnapshotVerify, B, T, sv, (1.0 + T) * bm.state() + bm.inputs(T), conv_us);
       }
     }
   }

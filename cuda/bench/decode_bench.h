@@ -32,6 +32,12 @@ struct BenchOptions {
   // a = 1 and a = T, instead of the tables above. `replayssm bench --schemes` defaults to the paper's
   // setting: nemotron-3-super, B = 256, T in {2, 4, 8}.
   bool schemes = false;
+  // Which rows of the main table to time (an ECMAScript regular expression searched in each row's label, e.g.
+  // "non-flush read nvfp4"; empty: every row). A row that is timed is reported, so the rows a selected row is
+  // measured against (its last column's reference: the conventional FP32 step, the FP32 non-flush read, the
+  // flush step, the NVFP4 read) are timed and reported too. Each row's timing runs inside an NVTX range named
+  // by its label (bench_row_range_name), so that a profiler can take one row's kernels by name.
+  std::string rows;
   // Standard replay steps with ReplayConfig::flush_list (the bench knows which sequences flush at each step),
   // as a serving loop would run them; false: without, the flush kernel covering every sequence, for comparison.
   // GDN's appendix F rows with a read threshold run without either way (the launcher refuses a list there).
@@ -46,8 +52,16 @@ struct BenchOptions {
 // Refuses options no run can honour, naming the option, what it accepts and the value (std::invalid_argument):
 // an unknown shape, B < 1, a window L outside the kernels' 1..kMaxDecodeWindow, a draft count the
 // verification kernels do not have, repeats < 1 (no sample to take the median of), a negative or non-finite
-// arena. run_decode_bench calls it before any GPU work.
+// arena, a --rows pattern that is not a regular expression or matches no row's label, --rows with --schemes.
+// run_decode_bench calls it before any GPU work.
 void check_bench_options(const BenchOptions& options);
+
+// Every label a row of the main table can have (the kernel column), in the table's order.
+std::vector<std::string> bench_row_labels();
+
+// The NVTX range a row's timing runs in: its label with each '/' written as '|', since Nsight Compute's
+// --nvtx-include reads '/' as the end of a push/pop range ("non-flush read nvfp4 (x over fp32 read)/").
+std::string bench_row_range_name(const std::string& label);
 
 // Prints the tables to stdout; returns 0.
 int run_decode_bench(const BenchOptions& options);

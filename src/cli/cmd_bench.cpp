@@ -57,6 +57,11 @@ void register_bench(CLI::App& app) {
                   "few GiB under Nsight Compute, which saves the memory a replayed kernel may write")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--rows", o->rows,
+                  "time only the rows whose label matches this regular expression (ECMAScript, searched in the\n"
+                  "label), and the rows they are measured against, e.g. --rows 'non-flush read nvfp4'. Each row is\n"
+                  "timed inside an NVTX range named by its label ('/' written as '|'), so Nsight Compute takes one\n"
+                  "row's kernels with --nvtx --nvtx-include '<label>/'");
   CLI::Option* shapes = cmd->get_option("--shapes");
   CLI::Option* batches = cmd->get_option("--batch");
   CLI::Option* drafts = cmd->get_option("--drafts");

@@ -28,6 +28,9 @@ def bench(*args):
     (["--shapes", "mamba-9"], "bench --shapes: unknown model shape 'mamba-9': expected one of"),
     (["--arena-gib", "nan"], "bench --arena-gib must be a finite number >= 0 (got nan)"),
     (["--timer", "wall"], "--timer: wall not in {queued,events}"),
+    (["--rows", "read (fp16"], "bench --rows 'read (fp16': not a regular expression (ECMAScript)"),
+    (["--rows", "non-flush read fp4"], "bench --rows 'non-flush read fp4' matches no row; the rows are: conventional fp32;"),
+    (["--rows", "nvfp4", "--schemes"], "bench --rows selects rows of the main table; --schemes prints figure 7's table instead"),
 ])
 def test_options_no_run_can_honour_are_refused_by_name(args, fragment):
     r = bench(*args)
@@ -83,3 +86,43 @@ def test_forced_csv_is_replaced_whole_or_not_at_all_and_reads_back_with_pythons_
     assert "nvfp4 read skip=auto, 50% skip (x no skip)" in labels, sorted(labels)
     assert all(float(row[4]) > 0 and int(row[2]) == 1 for row in body)  # us_per_step, batch
     assert {row[-1] for row in body} == {"queued"}
+
+
+def row_labels_named_by_the_refusal():
+    """The labels the bench can print, as its refusal of a --rows pattern that matches none lists them."""
+    r = bench("--rows", "^$")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    listed = r.stderr.split("matches no row; the rows are: ", 1)[1].strip()
+    return listed.split("; ")
+
+
+def run_rows(tmp_path, *args):
+    out = tmp_path / "rows.csv"
+    r = bench("--csv", str(out), "--shapes", "nemotron-3-super", "--batch", "1", "--window", "4", "--drafts", "2",
+              "--repeats", "1", *args)
+    if r.returncode != 0:  # no GPU here: the run fails before it measures anything
+        assert "CUDA" in r.stderr or "cuda" in r.stderr, r.stderr
+        pytest.skip("no GPU: --rows is checked on the device machine")
+    with open(out, newline="") as f:
+        return [row[1] for row in list(csv.reader(f))[1:]]
+
+
+def test_without_rows_every_listed_row_is_timed_once(tmp_path):
+    """The refusal's list is the table's rows: a full run (a Mamba-2 shape, one window, one draft count) prints each
+    of them exactly once, in that order."""
+    assert run_rows(tmp_path) == row_labels_named_by_the_refusal()
+
+
+@pytest.mark.parametrize("pattern,expected", [
+    # the NVFP4 read and what it is measured against: the conventional step, the FP32 non-flush read
+    ("non-flush read nvfp4", ["conventional fp32", "replay fp32 non-flush step", "non-flush read nvfp4 (x over fp32 read)"]),
+    # a skipping row needs the NVFP4 read, which needs the FP32 read
+    ("50% skip", ["conventional fp32", "replay fp32 non-flush step", "non-flush read nvfp4 (x over fp32 read)",
+                  "nvfp4 read skip=auto, 50% skip (x no skip)"]),
+    # the error-feedback split flush is measured against the split flush, that against the flush step
+    ("nvfp4\\+ef", ["conventional fp32", "replay fp32 flush step", "flush split nvfp4/fp32 (x shared flush)",
+                    "flush split nvfp4+ef/fp32 (x no ef)"]),
+    ("^verify output-only", ["conventional fp32", "verify output-only (no flush)", "verify output-only (with flush)"]),
+])
+def test_rows_times_the_selected_rows_and_their_references_only(tmp_path, pattern, expected):
+    assert run_rows(tmp_path, "--rows", pattern) == expected
