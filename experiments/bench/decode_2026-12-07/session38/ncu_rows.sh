@@ -30,11 +30,14 @@ else echo "no pytest in this image: test_cli_bench.py not run"; fi
 label='non-flush read nvfp4 (x over fp32 read)'
 LD_LIBRARY_PATH=$A/lib_land$SYS timeout -s INT 60 ncu --nvtx --nvtx-include "$(range_of "$label")" --metrics gpu__time_duration.sum \
   --kernel-name-base function $(bench_cmd nemotron-3-nano-4b 32) "^non-flush read nvfp4" > $R/filter_check.txt 2>&1
-echo "filter check rc=$?"; grep -E "^  [a-z_]+_kernel" $R/filter_check.txt | sed 's/(.*//' | sort | uniq -c
+check_rc=$?
+# ncu prints each profiled launch as "  void <namespace>::<kernel><template args>(params) (grid)x(block), Context ...".
+launches() { grep -E '^  .*_kernel.*\)x\(.*Context' "$1"; }
+echo "filter check rc=$check_rc"; launches $R/filter_check.txt | sed -E 's/^ *(void )?//; s/\(ReplayArgs.*//' | sort | uniq -c
 # If the range filter took nothing (ncu reading the label's parentheses or spaces otherwise than expected), fall back to
 # launch indices within the --rows run: each timed row launches its kernel 6 times (3 warm-up samples, --repeats 3), and
 # a read row follows the FP32 non-flush step, which launches the same kernel function first.
-nvtx_ok=1; grep -qE "^  [a-z_]+_kernel" $R/filter_check.txt || { nvtx_ok=0; echo "NVTX filter took no kernel: launch indices instead"; }
+nvtx_ok=1; launches $R/filter_check.txt > /dev/null || { nvtx_ok=0; echo "NVTX filter took no kernel: launch indices instead"; }
 
 n=0
 while IFS=';' read -r shape label kernel; do
