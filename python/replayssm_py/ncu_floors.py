@@ -86,12 +86,6 @@ class Launch:
     def dram_peak_bytes_per_s(self):
         return (self.dram_read_bytes + self.dram_write_bytes) / self.dram_floor_s
 
-    @property
-    def bound(self):
-        """Which floor is nearer the duration, and how near (its share of the duration)."""
-        issue, dram = self.issue_floor_s / self.duration_s, self.dram_floor_s / self.duration_s
-        return ("issue", issue) if issue >= dram else ("DRAM", dram)
-
 
 def _number(text, path, name):
     try:

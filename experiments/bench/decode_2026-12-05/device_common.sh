@@ -9,6 +9,7 @@
 #     each configuration checked against the CPU decoders -> $R/ab_{ARM,lib_land}_{1,2,3}.{csv,txt}. AB_END (a $SECONDS
 #     value): no run begun after AB_END - 15, none past AB_END, results snapshotted after each run.
 #   snapshot_results: $OUT/results.tar from what $R holds now (call it after each step that took minutes).
+#   NCU_PROFILE, ncu_export NAME KERNEL: Nsight Compute's sections and metrics for one launch; its report exported.
 #   pack_results: repository paths replaced, files compressed, $OUT/results.tar.
 # $R lives outside $OUT: at most 8 files come back from $OUT, so a call stopped at its time limit before
 # pack_results returned 8 loose files of its dozens (session 31); with $R outside, $OUT holds only the last snapshot.
@@ -40,6 +41,22 @@ ab_rounds() {
       [ -n "${AB_END:-}" ] && snapshot_results
     done
   done
+}
+# Nsight Compute, one launch (session 33's ncu_read.sh, session 38's ncu_rows.sh): the sections and metrics every
+# profile takes (scripts/ncu_floors.py reads what they give), then ncu_export NAME KERNEL turns $R/NAME.ncu-rep into
+# $R/NAME_sass.csv (per-instruction SASS) and $R/NAME_details.txt, prints the launch's key figures, drops the report
+# (tens of MB) and snapshots the results.
+NCU_PROFILE="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats
+  --section WarpStateStats --section SchedulerStats --section SourceCounters --section InstructionStats
+  --metrics smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum"
+ncu_export() {
+  ncu -i $R/$1.ncu-rep --page source --print-source sass --csv > $R/$1_sass.csv 2>> $R/$1.log
+  ncu -i $R/$1.ncu-rep --page details --print-kernel-base demangled > $R/$1_details.txt 2>&1
+  grep -m1 "$2" $R/$1_details.txt | cut -c1-200
+  grep -E "Grid Size|Block Size|Duration|Registers|Executed Ipc A|Issue Slots Busy|Achieved Occupancy|Waves Per SM|DRAM Throughput|No Eligible|Dynamic Shared" \
+    $R/$1_details.txt | head -20
+  rm -f $R/$1.ncu-rep
+  snapshot_results
 }
 snapshot_results() {  # uncompressed, paths as they are; replaced atomically, so a stop mid-write keeps the last one
   tar -C $(dirname $R) -cf $OUT/results.tar.part r && mv $OUT/results.tar.part $OUT/results.tar

@@ -13,23 +13,15 @@ source experiments/bench/decode_2026-12-05/device_common.sh
 TOTAL=${TOTAL:-300}; KERNEL=${KERNEL:-replay_nonflush_kernel}; SKIP=${SKIP:-122}
 unpack_pack ${PACK:-.device/pack53.tar.xz} lib_land
 cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
-SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
-EXTRA=smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum
 for lib in ${LIBS:-lib_h7 lib_land}; do
   for shape in ${SHAPES:-nemotron-3-nano-4b}; do
     t0=$SECONDS; name=${shape}_${lib#lib_}
     [ $((TOTAL - SECONDS)) -lt 60 ] && { echo "$name skipped (time)"; continue; }
     LD_LIBRARY_PATH=$A/$lib$SYS timeout -s INT 90 ncu --clock-control none --kernel-name-base function \
-      -k "regex:^$KERNEL\$" --launch-skip $SKIP --launch-count 1 $SECTIONS --section SourceCounters \
-      --section InstructionStats --metrics $EXTRA -o $R/$name $B/replayssm-bench bench --shapes $shape --batch 256 \
+      -k "regex:^$KERNEL\$" --launch-skip $SKIP --launch-count 1 $NCU_PROFILE -o $R/$name $B/replayssm-bench bench --shapes $shape --batch 256 \
       --window 16 --drafts 8 --repeats 3 --no-check --timer events > $R/${name}_bench.txt 2> $R/$name.log
     echo "$name rc=$? $((SECONDS-t0))s"
-    ncu -i $R/$name.ncu-rep --page source --print-source sass --csv > $R/${name}_sass.csv 2>> $R/$name.log
-    ncu -i $R/$name.ncu-rep --page details --print-kernel-base demangled > $R/${name}_details.txt 2>&1
-    grep -m1 "$KERNEL" $R/${name}_details.txt | cut -c1-200
-    grep -E "Grid Size|Block Size|Duration|Registers|Executed Ipc A|Issue Slots Busy|Achieved Occupancy|Waves Per SM|Shared Memory Configuration Size|Dynamic Shared" $R/${name}_details.txt | head -20
-    rm -f $R/$name.ncu-rep
-    snapshot_results
+    ncu_export $name "$KERNEL"
   done
 done
 pack_results

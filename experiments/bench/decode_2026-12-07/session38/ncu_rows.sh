@@ -13,8 +13,6 @@ source experiments/bench/decode_2026-12-05/device_common.sh
 TOTAL=${TOTAL:-300}; BATCH=${BATCH:-256}
 unpack_pack ${PACK:?a main pack} lib_land
 cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
-SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
-EXTRA=smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum
 bench_cmd() {  # shape, batch, label: the row alone (and its references), no validation (ncu replays each kernel)
   echo $B/replayssm-bench bench --shapes "$1" --batch "$2" --window 16 --drafts 8 --repeats 3 --no-check --timer events \
     --arena-gib 16 --rows
@@ -49,16 +47,10 @@ while IFS=';' read -r shape label kernel; do
   if [ $nvtx_ok = 1 ]; then filter=(--nvtx --nvtx-include "$(range_of "$label")"); skip=1
   else filter=(); skip=1; [[ $label == non-flush\ read* ]] && skip=7; fi
   LD_LIBRARY_PATH=$A/lib_land$SYS timeout -s INT 90 ncu --clock-control none --kernel-name-base function \
-    "${filter[@]}" -k "regex:^$kernel\$" --launch-skip $skip --launch-count 1 $SECTIONS \
-    --section SourceCounters --section InstructionStats --metrics $EXTRA -o $R/$name \
+    "${filter[@]}" -k "regex:^$kernel\$" --launch-skip $skip --launch-count 1 $NCU_PROFILE -o $R/$name \
     $(bench_cmd "$shape" "$BATCH") "$pattern" > $R/${name}_bench.txt 2> $R/$name.log
   echo "$name rc=$? $((SECONDS-t0))s: $shape, $label, $kernel"
   echo "$shape;$label;$kernel" > $R/${name}_row.txt
-  ncu -i $R/$name.ncu-rep --page source --print-source sass --csv > $R/${name}_sass.csv 2>> $R/$name.log
-  ncu -i $R/$name.ncu-rep --page details --print-kernel-base demangled > $R/${name}_details.txt 2>&1
-  grep -m1 "$kernel" $R/${name}_details.txt | cut -c1-200
-  grep -E "Duration|Registers|Executed Ipc A|Issue Slots Busy|Achieved Occupancy|DRAM Throughput|No Eligible" $R/${name}_details.txt | head -12
-  rm -f $R/$name.ncu-rep
-  snapshot_results
+  ncu_export $name "$kernel"
 done <<< "${ROWS:?shape;label;kernel lines}"
 pack_results
