@@ -1,0 +1,104 @@
+"""Issue 13's targets carried from one card to another: a projection, never a measurement.
+
+Issue 13's targets are H200 targets, but most runs of record were made on H100s. When one library has run on both
+cards (a *pair*: the same kernels, the same timer), each target's value on the second card over its value on the
+first is that target's card factor. A later run on the first card, times each factor, projects where that run's
+targets would land on the second card:
+
+    projected = value(run, card A) * value(pair, card B) / value(pair, card A)
+
+The model behind it: each row's time moves between the cards by a factor of its own (a byte-bound kernel by the
+ratio of the cards' bandwidths, an issue-bound one by nearly 1: the H200 has the H100's SMs and clocks), and that
+factor is the same for the pair's kernels and the run's. A ratio of two rows then moves by the ratio of their
+factors, and the conventional kernel's % of copy by its factor over the copy's. It holds exactly when the run's
+kernels keep the pair's bounds; where a kernel changed since the pair (or its bound did) the projection is only an
+estimate, which is why every output says "projected".
+
+Only the bench's own targets are projected: the peers' versions and timers changed between runs."""
+import math
+from dataclasses import dataclass
+
+from replayssm_py.decode_targets import DEFAULT_BENCH_TIMER, TargetsInputError, judge
+
+
+@dataclass
+class Projection:
+    shape: str
+    target: str
+    batch: int
+    relation: str
+    limit: float
+    pair_from: float  # the target's value in the pair's run on the first card
+    pair_to: float    # ... on the second card
+    run: float        # the value in the run being projected (first card)
+    run_met: bool
+
+    @property
+    def factor(self):
+        return self.pair_to / self.pair_from
+
+    @property
+    def projected(self):
+        return self.run * self.factor
+
+    @property
+    def projected_met(self):
+        p = self.projected
+        return {">=": p >= self.limit, "<=": p <= self.limit, ">": p > self.limit}[self.relation]
+
+
+def _bench_timer(rounds, what):
+    timers = sorted({r.get("timer", DEFAULT_BENCH_TIMER) for rnd in rounds for r in rnd.values()})
+    if len(timers) != 1:
+        raise TargetsInputError(f"{what}: the rounds mix timers ({', '.join(timers)})")
+    return timers[0]
+
+
+def project(pair_from_rounds, pair_to_rounds, run_rounds, statistic="median"):
+    """Projections of the run's bench targets (read_bench_csv rounds, first card) onto the second card, from the pair
+    (the same library's rounds on the first and the second card). Targets measured in all three only; the pair's two
+    sides must share a timer (the run may use another: its ratios are the same kind of quantity)."""
+    for rounds, what in ((pair_from_rounds, "the pair's first card"), (pair_to_rounds, "the pair's second card"),
+                         (run_rounds, "the run")):
+        if not rounds:
+            raise TargetsInputError(f"{what}: no bench CSV given")
+    t_from, t_to = _bench_timer(pair_from_rounds, "the pair's first card"), _bench_timer(pair_to_rounds,
+                                                                                      "the pair's second card")
+    if t_from != t_to:
+        raise TargetsInputError(f"the pair's two cards were timed differently ({t_from} and {t_to}): a card factor "
+                                "needs the same library timed the same way on both")
+
+    def bench_verdicts(rounds):
+        return {(v.shape, v.target, v.batch): v for v in judge(rounds, (), statistic) if v.measured}
+
+    a, b, run = bench_verdicts(pair_from_rounds), bench_verdicts(pair_to_rounds), bench_verdicts(run_rounds)
+    out = []
+    for key, v in run.items():
+        if key in a and key in b and a[key].value > 0 and math.isfinite(b[key].value):
+            out.append(Projection(v.shape, v.target, v.batch, v.relation, v.limit, a[key].value, b[key].value, v.value,
+                                  v.met))
+    return out
+
+
+def format_projection(projections, card_from="first card", card_to="second card"):
+    lines = [f"| shape | target | B | pair: {card_from} | pair: {card_to} | factor | run ({card_from}) | "
+             f"**projected ({card_to})** | needs | projected verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in projections:
+        lines.append(f"| {p.shape} | {p.target} | {p.batch} | {p.pair_from:.3f} | {p.pair_to:.3f} | {p.factor:.3f} | "
+                     f"{p.run:.3f} ({'met' if p.run_met else 'missed'}) | **{p.projected:.3f}** | {p.relation} {p.limit:g} | "
+                     f"{'met' if p.projected_met else 'missed'} (projected) |")
+    met_run = sum(p.run_met for p in projections)
+    met_proj = sum(p.projected_met for p in projections)
+    lines += ["", f"Run on the {card_from}: {met_run} met of {len(projections)} targets measured in all three runs; "
+              f"projected on the {card_to}: {met_proj} met (a projection, not a measurement)."]
+    return "\n".join(lines) + "\n"
+
+
+CSV_HEADER = ["model", "target", "batch", "relation", "limit", "pair_from", "pair_to", "factor", "run", "run_status",
+              "projected", "projected_status"]
+
+
+def csv_rows(projections):
+    return [[p.shape, p.target, p.batch, p.relation, f"{p.limit:g}", f"{p.pair_from:.6g}", f"{p.pair_to:.6g}",
+             f"{p.factor:.6g}", f"{p.run:.6g}", "met" if p.run_met else "missed", f"{p.projected:.6g}",
+             "met" if p.projected_met else "missed"] for p in projections]
