@@ -18,7 +18,12 @@ Only the bench's own targets are projected: the peers' versions and timers chang
 import math
 from dataclasses import dataclass
 
-from replayssm_py.decode_targets import DEFAULT_BENCH_TIMER, TargetsInputError, judge
+from replayssm_py import decode_targets as dt
+from replayssm_py.decode_targets import DEFAULT_BENCH_TIMER, STATISTICS, TargetsInputError, judge
+
+# The bench rows issue 13's targets are taken from.
+TARGET_ROWS = [dt.CONVENTIONAL, dt.STAGGERED, dt.NONFLUSH, dt.FLUSH] + [k for k, _ in dt.LP_READS.values()] + \
+    [k for k, _ in dt.VERIFY.values()]
 
 
 @dataclass
@@ -78,6 +83,31 @@ def project(pair_from_rounds, pair_to_rounds, run_rounds, statistic="median"):
             out.append(Projection(v.shape, v.target, v.batch, v.relation, v.limit, a[key].value, b[key].value, v.value,
                                   v.met))
     return out
+
+
+def row_factors(pair_from_rounds, pair_to_rounds, statistic="median"):
+    """{(shape, kernel, B): the row's time on the second card over its time on the first}, each time summarised over
+    its card's rounds: where each kernel's time goes between the cards (byte-bound rows near the copy rates' ratio,
+    issue-bound ones near 1)."""
+    summarise = STATISTICS[statistic]
+
+    def times(rounds):
+        out = {}
+        for rnd in rounds:
+            for key, r in rnd.items():
+                out.setdefault(key, []).append(r["us"])
+        return {key: summarise(v) for key, v in out.items()}
+
+    a, b = times(pair_from_rounds), times(pair_to_rounds)
+    return {key: b[key] / a[key] for key in a if key in b}
+
+
+def format_row_factors(factors, kernels, card_from="first card", card_to="second card"):
+    lines = [f"| shape | row | B | time on the {card_to} / on the {card_from} |", "|---|---|---|---|"]
+    for (shape, kernel, batch), f in factors.items():
+        if kernel in kernels:
+            lines.append(f"| {shape} | {kernel} | {batch} | {f:.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 def format_projection(projections, card_from="first card", card_to="second card"):

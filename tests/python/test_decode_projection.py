@@ -52,6 +52,11 @@ def test_projection_is_exact_when_each_row_keeps_its_card_factor():
         t = truth[(p.shape, p.target, p.batch)]
         assert p.projected == pytest.approx(t.value, rel=1e-12), p
         assert p.projected_met == t.met, p
+    # Each row's time factor between the pair's cards is the one it was given.
+    factors = dp.row_factors(pair_a, pair_b)
+    assert factors.keys() == pair_a[0].keys()
+    for (shape, kernel, batch), f in factors.items():
+        assert f == pytest.approx(row_factor[(shape, kernel)], rel=1e-12)
 
 
 def test_every_statistic_projects_exactly_with_one_round_a_run():
@@ -88,9 +93,14 @@ def test_committed_pair_projects_its_own_run_onto_the_other_card(tmp_path):
     """The run = the pair's H100 side: every projected value is the H200 side's value, through the script."""
     out = tmp_path / "proj.csv"
     r = run_script("--pair-from", *H100_PAIR, "--pair-to", *H200_PAIR, "--run", *H100_PAIR, "--cards", "H100", "H200",
-                   "--csv", out)
+                   "--csv", out, "--row-factors", 32)
     assert r.returncode == 0, r.stderr
     assert "projected (H200)" in r.stdout and "not a measurement" in r.stdout
+    # --row-factors 32: the target rows at B = 32 only, each the H200 time over the H100 time.
+    factor_rows = [line.split(" | ") for line in r.stdout.splitlines() if line.startswith("| ") and line.endswith(" |")
+                   and line.count(" | ") == 3 and not line.startswith("| shape")]
+    assert factor_rows and all(row[2] == "32" for row in factor_rows)
+    assert {row[1] for row in factor_rows} <= set(dp.TARGET_ROWS)
     h200 = {(v.shape, v.target, str(v.batch)): v.value for v in dt.judge([dt.read_bench_csv(p) for p in H200_PAIR])}
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
