@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 39's device call, chosen by the card that comes.
-# - H200: session 38's call.sh (the run of record on main's library, then Nsight Compute by row on the NVFP4 reads and
-#   Qwen3.5-4B's FP16 read).
+# - H200: the run of record on main's library (session 29's call1.sh with LIB=lib_land: the suites, two checked record
+#   rounds, B = 8-128, vLLM and FlashInfer graph-timed), then Nsight Compute by row (session 38's ncu_rows.sh) on the
+#   rows of rows_h200.txt (the projected H200 misses, most decisive first) in the time left.
 # - H100 (the run of record on main's library was made there in session 38): what session 38 left undone on it:
 #   compute-sanitizer memcheck (with leak check) on both decode suites, one case per process (session 31's
 #   sanitize_cases.sh; SAN_TOTAL seconds), racecheck on the cases that run the NVFP4 read (RACE_TOTAL seconds),
@@ -13,7 +14,13 @@ set -u
 TOTAL=${TOTAL:-560}; PACK=${PACK:-.device/pack59.tar.xz}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1); echo "card: $gpu"
 if [[ $gpu == *H200* ]]; then
-  TOTAL=$TOTAL PACK=$PACK bash experiments/bench/decode_2026-12-07/session38/call.sh
+  LIB=lib_land PACK=$PACK TOTAL=${RECORD_TOTAL:-330} bash experiments/bench/decode_2026-12-06/session29/call1.sh
+  [ -f "$OUT/results.tar" ] && mv "$OUT/results.tar" "$OUT/record.tar"
+  # Nsight Compute on the rows the projection (README) says an H200 misses, in order of what they would decide.
+  ROWS="$(cat experiments/bench/decode_2026-12-07/session39/rows_h200.txt)" PACK=$PACK TOTAL=$((TOTAL - SECONDS - 10)) \
+    bash experiments/bench/decode_2026-12-07/session38/ncu_rows.sh
+  [ -f "$OUT/results.tar" ] && mv "$OUT/results.tar" "$OUT/ncu_rows.tar"
+  ls -la "$OUT"
   exit
 fi
 TOOL=memcheck LIB=lib_land PACK=$PACK PAR=${PAR:-8} TOTAL=${SAN_TOTAL:-170} \
