@@ -10,7 +10,9 @@ call 4; --a-model: the shape whose NVFP4 read (a) judges, Super unless named: se
 appendix F skipping (both shapes; 0, 50 and 100% of heads skipped; B = 128 and 256), which must be at most 0.96.
 --a-rows nvfp4 (session 37's rule for H9b): (a) judges every NVFP4 read of the four Mamba-2 and GDN shapes at B = 128
 and 256 (the plain non-flush read and the three skipping reads: 32 rows); their geometric mean must be at most 0.97 and
-no one of them above 1.00. KDA's rows are left out: its kernels do not run the changed code."""
+no one of them above 1.00. KDA's rows are left out: its kernels do not run the changed code.
+--a-rows kda (session 39's rule for H10): (a) judges Kimi-Linear's three low-precision non-flush reads (FP16, FP8-b128,
+NVFP4) at B = 128 and 256 (6 rows); their geometric mean must be at most 0.98 and no one of them above 1.00."""
 import argparse
 import math
 import csv
@@ -35,12 +37,19 @@ def main(folder, arm="lib_h", a_model="nemotron-3-super", a_rows="read"):
             return 1
         rounds.append((load(h), load(m)))
     keys = sorted(set(rounds[0][0]) & set(rounds[0][1]))
-    worst, verdict, judged_a, skipping, nvfp4 = [], True, 0, [], []
+    worst, verdict, judged_a, skipping, nvfp4, kda = [], True, 0, [], [], []
     for key in keys:
         ratios = [h[key] / m[key] for h, m in rounds if key in h and key in m]
         med = statistics.median(ratios)
         model, kernel, B, _ = key
-        if a_rows == "nvfp4":
+        if a_rows == "kda":
+            if (model == "kimi-linear-48b-a3b" and B in ("128", "256")
+                    and kernel.startswith(("non-flush read fp16", "non-flush read fp8b128", "non-flush read nvfp4"))):
+                kda.append(med)
+                print(f"(a) row {model} {kernel} B={B}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)})"
+                      f"{'' if med <= 1.0 else ' ABOVE 1.00: FAILS'}")
+                verdict &= med <= 1.0
+        elif a_rows == "nvfp4":
             if (model != "kimi-linear-48b-a3b" and B in ("128", "256")
                     and kernel.startswith(("nvfp4 read skip=", "non-flush read nvfp4"))):
                 nvfp4.append(med)
@@ -57,7 +66,14 @@ def main(folder, arm="lib_h", a_model="nemotron-3-super", a_rows="read"):
             judged_a += 1
             print(f"(a) {model} {kernel} B={B}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)}) {'ok' if ok else 'FAILS'}")
         worst.append((med, key, ratios))
-    if a_rows == "nvfp4":
+    if a_rows == "kda":
+        if len(kda) != 6:
+            sys.exit(f"judge_h.py: {folder}: (a) found {len(kda)} low-precision reads of Kimi-Linear at B = 128 and 256, "
+                     "expected 6")
+        mean = math.exp(sum(math.log(x) for x in kda) / len(kda))
+        verdict &= mean <= 0.98
+        print(f"(a) geometric mean of Kimi's 6 low-precision reads: {mean:.3f} {'ok' if mean <= 0.98 else 'FAILS'}")
+    elif a_rows == "nvfp4":
         if len(nvfp4) != 32:
             sys.exit(f"judge_h.py: {folder}: (a) found {len(nvfp4)} NVFP4-read rows of the Mamba-2 and GDN shapes at "
                      "B = 128 and 256, expected 32")
@@ -91,7 +107,7 @@ if __name__ == "__main__":
     ap.add_argument("folder", help="the call's results folder (ab_<arm>_<k>.csv.xz, ab_lib_land_<k>.csv.xz)")
     ap.add_argument("--arm", default="lib_h")
     ap.add_argument("--a-model", default=None, help="default nemotron-3-super; with --a-rows read only")
-    ap.add_argument("--a-rows", choices=("read", "skipping", "nvfp4"), default="read")
+    ap.add_argument("--a-rows", choices=("read", "skipping", "nvfp4", "kda"), default="read")
     a = ap.parse_args()
     if a.a_rows != "read" and a.a_model is not None:
         ap.error("--a-model names the shape of the NVFP4 read that --a-rows read judges; --a-rows skipping and nvfp4 "
