@@ -17,6 +17,9 @@ source experiments/bench/decode_2026-12-05/device_common.sh
 TOTAL=${TOTAL:-590}
 ARM=${ARM:-lib_h4}
 A_MODEL=${A_MODEL:-}  # judge_h.py --a-model (its default: Super); not with A_ROWS=skipping
+# The suite that must pass on the arm before it can land: the one that runs its change (session 39's H10, a KDA kernel:
+# ARM_SUITE=test_decode_kda_cuda).
+ARM_SUITE=${ARM_SUITE:-test_decode_cuda}
 RECORD_ONLY=${LIB:+1}
 # LIB: a record alone, on any library the pack holds (checked below); session 34's call 3 asked for lib_h8b without
 # ARM and was refused by the check this replaces, which knew lib_land and ARM only.
@@ -27,8 +30,8 @@ for l in $NEEDS; do [ -d "$A/$l" ] || { echo "call1.sh: ${PACK:-.device/pack49.t
 cat $A/bin/COMMIT > $R/pack_commit.txt; cat $R/gpu.txt
 if [ -z "$RECORD_ONLY" ]; then
   t0=$SECONDS
-  LD_LIBRARY_PATH=$(lib $ARM) timeout 100 $B/test_decode_cuda > $R/test_decode_cuda_${ARM#lib_}.txt 2>&1
-  arm_test=$?; echo "test_decode_cuda ($ARM) rc=$arm_test $((SECONDS-t0))s"; tail -n 2 $R/test_decode_cuda_${ARM#lib_}.txt
+  LD_LIBRARY_PATH=$(lib $ARM) timeout 100 $B/$ARM_SUITE > $R/${ARM_SUITE}_${ARM#lib_}.txt 2>&1
+  arm_test=$?; echo "$ARM_SUITE ($ARM) rc=$arm_test $((SECONDS-t0))s"; tail -n 2 $R/${ARM_SUITE}_${ARM#lib_}.txt
   ab_rounds $ARM
   J=$(mktemp -d); for f in $R/ab_*.csv; do xz -c $f > $J/$(basename $f).xz; done
   python3 experiments/bench/decode_2026-12-06/session28/judge_h.py --arm $ARM ${A_MODEL:+--a-model $A_MODEL} --a-rows ${A_ROWS:-read} $J > $R/judge_device.txt 2>&1; cat $R/judge_device.txt
@@ -37,7 +40,9 @@ if [ -z "$RECORD_ONLY" ]; then
 fi
 echo "$LIB" > $R/library.txt; echo "record library: $LIB"
 LD_LIBRARY_PATH=$(lib $LIB) $B/replayssm-bench --version > $R/version.txt 2>&1
-suites="test_decode_kda_cuda test_formats_cuda"; [ $LIB = lib_land ] || [ -n "$RECORD_ONLY" ] && suites="test_decode_cuda $suites"
+# Every suite on the record's library, but the one the arm already passed in step 1.
+suites="test_decode_cuda test_decode_kda_cuda test_formats_cuda"
+[ -z "$RECORD_ONLY" ] && [ $LIB = "$ARM" ] && suites=$(echo $suites | tr ' ' '\n' | grep -vx "$ARM_SUITE" | tr '\n' ' ')
 # LAND_EXCLUDE: test cases (a doctest -tce pattern) that only the arm's library serves, left out when main's library runs
 # the suites (session 32's H7 adds a case for blocks that main's launcher refuses).
 for suite in $suites; do t0=$SECONDS
