@@ -27,6 +27,23 @@ def load(path):
         return {(r["model"], r["kernel"], r["batch"], r["param"]): float(r["us_per_step"]) for r in csv.DictReader(f)}
 
 
+# The rules whose (a) judges a group of rows: which rows, how many the rounds must hold (the refusal names them when
+# they do not), the most their geometric mean may be, and the most any one row may be (None: no cap).
+GROUP_RULES = {
+    "skipping": dict(rows=lambda model, kernel: kernel.startswith("nvfp4 read skip="), count=12, mean_max=0.96,
+                     row_max=None, found="skipping NVFP4-read rows at B = 128 and 256",
+                     mean_of="the 12 skipping NVFP4 reads"),
+    "nvfp4": dict(rows=lambda model, kernel: (model != "kimi-linear-48b-a3b"
+                                              and kernel.startswith(("nvfp4 read skip=", "non-flush read nvfp4"))),
+                  count=32, mean_max=0.97, row_max=1.0,
+                  found="NVFP4-read rows of the Mamba-2 and GDN shapes at B = 128 and 256", mean_of="the 32 NVFP4 reads"),
+    "kda": dict(rows=lambda model, kernel: (model == "kimi-linear-48b-a3b" and kernel.startswith(
+                    ("non-flush read fp16", "non-flush read fp8b128", "non-flush read nvfp4"))),
+                count=6, mean_max=0.98, row_max=1.0, found="low-precision reads of Kimi-Linear at B = 128 and 256",
+                mean_of="Kimi's 6 low-precision reads"),
+}
+
+
 def main(folder, arm="lib_h", a_model="nemotron-3-super", a_rows="read"):
     r = pathlib.Path(folder)
     rounds = []
@@ -37,55 +54,32 @@ def main(folder, arm="lib_h", a_model="nemotron-3-super", a_rows="read"):
             return 1
         rounds.append((load(h), load(m)))
     keys = sorted(set(rounds[0][0]) & set(rounds[0][1]))
-    worst, verdict, judged_a, skipping, nvfp4, kda = [], True, 0, [], [], []
+    worst, verdict, judged_a, group = [], True, 0, []
+    rule = GROUP_RULES.get(a_rows)
     for key in keys:
         ratios = [h[key] / m[key] for h, m in rounds if key in h and key in m]
         med = statistics.median(ratios)
         model, kernel, B, _ = key
-        if a_rows == "kda":
-            if (model == "kimi-linear-48b-a3b" and B in ("128", "256")
-                    and kernel.startswith(("non-flush read fp16", "non-flush read fp8b128", "non-flush read nvfp4"))):
-                kda.append(med)
+        if rule:
+            if B in ("128", "256") and rule["rows"](model, kernel):
+                group.append(med)
+                cap = rule["row_max"]
+                above = cap is not None and med > cap
                 print(f"(a) row {model} {kernel} B={B}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)})"
-                      f"{'' if med <= 1.0 else ' ABOVE 1.00: FAILS'}")
-                verdict &= med <= 1.0
-        elif a_rows == "nvfp4":
-            if (model != "kimi-linear-48b-a3b" and B in ("128", "256")
-                    and kernel.startswith(("nvfp4 read skip=", "non-flush read nvfp4"))):
-                nvfp4.append(med)
-                print(f"(a) row {model} {kernel} B={B}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)})"
-                      f"{'' if med <= 1.0 else ' ABOVE 1.00: FAILS'}")
-                verdict &= med <= 1.0
-        elif a_rows == "skipping":
-            if kernel.startswith("nvfp4 read skip=") and B in ("128", "256"):
-                skipping.append(med)
-                print(f"(a) row {model} {kernel} B={B}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)})")
+                      + (f" ABOVE {cap:.2f}: FAILS" if above else ""))
+                verdict &= not above
         elif model == a_model and kernel.startswith("non-flush read nvfp4") and B in ("128", "256"):
             ok = med <= 0.97
             verdict &= ok
             judged_a += 1
             print(f"(a) {model} {kernel} B={B}: {med:.3f} ({' '.join(f'{x:.3f}' for x in ratios)}) {'ok' if ok else 'FAILS'}")
         worst.append((med, key, ratios))
-    if a_rows == "kda":
-        if len(kda) != 6:
-            sys.exit(f"judge_h.py: {folder}: (a) found {len(kda)} low-precision reads of Kimi-Linear at B = 128 and 256, "
-                     "expected 6")
-        mean = math.exp(sum(math.log(x) for x in kda) / len(kda))
-        verdict &= mean <= 0.98
-        print(f"(a) geometric mean of Kimi's 6 low-precision reads: {mean:.3f} {'ok' if mean <= 0.98 else 'FAILS'}")
-    elif a_rows == "nvfp4":
-        if len(nvfp4) != 32:
-            sys.exit(f"judge_h.py: {folder}: (a) found {len(nvfp4)} NVFP4-read rows of the Mamba-2 and GDN shapes at "
-                     "B = 128 and 256, expected 32")
-        mean = math.exp(sum(math.log(x) for x in nvfp4) / len(nvfp4))
-        verdict &= mean <= 0.97
-        print(f"(a) geometric mean of the 32 NVFP4 reads: {mean:.3f} {'ok' if mean <= 0.97 else 'FAILS'}")
-    elif a_rows == "skipping":
-        if len(skipping) != 12:
-            sys.exit(f"judge_h.py: {folder}: (a) found {len(skipping)} skipping NVFP4-read rows at B = 128 and 256, expected 12")
-        mean = math.exp(sum(math.log(x) for x in skipping) / len(skipping))
-        verdict &= mean <= 0.96
-        print(f"(a) geometric mean of the 12 skipping NVFP4 reads: {mean:.3f} {'ok' if mean <= 0.96 else 'FAILS'}")
+    if rule:
+        if len(group) != rule["count"]:
+            sys.exit(f"judge_h.py: {folder}: (a) found {len(group)} {rule['found']}, expected {rule['count']}")
+        mean = math.exp(sum(math.log(x) for x in group) / len(group))
+        verdict &= mean <= rule["mean_max"]
+        print(f"(a) geometric mean of {rule['mean_of']}: {mean:.3f} {'ok' if mean <= rule['mean_max'] else 'FAILS'}")
     elif judged_a != 2:
         # A misspelt --a-model (or rounds without B = 128 / 256) would otherwise pass (a) by judging nothing.
         sys.exit(f"judge_h.py: {folder}: (a) found {judged_a} NVFP4-read rows of {a_model!r} at B = 128 and 256, "
@@ -107,7 +101,7 @@ if __name__ == "__main__":
     ap.add_argument("folder", help="the call's results folder (ab_<arm>_<k>.csv.xz, ab_lib_land_<k>.csv.xz)")
     ap.add_argument("--arm", default="lib_h")
     ap.add_argument("--a-model", default=None, help="default nemotron-3-super; with --a-rows read only")
-    ap.add_argument("--a-rows", choices=("read", "skipping", "nvfp4", "kda"), default="read")
+    ap.add_argument("--a-rows", choices=("read", *GROUP_RULES), default="read")
     a = ap.parse_args()
     if a.a_rows != "read" and a.a_model is not None:
         ap.error("--a-model names the shape of the NVFP4 read that --a-rows read judges; --a-rows skipping and nvfp4 "
