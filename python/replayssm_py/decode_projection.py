@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from replayssm_py import decode_targets as dt
-from replayssm_py.decode_targets import DEFAULT_BENCH_TIMER, STATISTICS, TargetsInputError, judge
+from replayssm_py.decode_targets import STATISTICS, TargetsInputError, judge, meets
 
 # The bench rows issue 13's targets are taken from.
 TARGET_ROWS = [dt.CONVENTIONAL, dt.STAGGERED, dt.NONFLUSH, dt.FLUSH] + [k for k, _ in dt.LP_READS.values()] + \
@@ -48,35 +48,27 @@ class Projection:
 
     @property
     def projected_met(self):
-        p = self.projected
-        return {">=": p >= self.limit, "<=": p <= self.limit, ">": p > self.limit}[self.relation]
-
-
-def _bench_timer(rounds, what):
-    timers = sorted({r.get("timer", DEFAULT_BENCH_TIMER) for rnd in rounds for r in rnd.values()})
-    if len(timers) != 1:
-        raise TargetsInputError(f"{what}: the rounds mix timers ({', '.join(timers)})")
-    return timers[0]
+        return meets(self.projected, self.relation, self.limit)
 
 
 def project(pair_from_rounds, pair_to_rounds, run_rounds, statistic="median"):
     """Projections of the run's bench targets (read_bench_csv rounds, first card) onto the second card, from the pair
     (the same library's rounds on the first and the second card). Targets measured in all three only; the pair's two
     sides must share a timer (the run may use another: its ratios are the same kind of quantity)."""
-    for rounds, what in ((pair_from_rounds, "the pair's first card"), (pair_to_rounds, "the pair's second card"),
-                         (run_rounds, "the run")):
-        if not rounds:
-            raise TargetsInputError(f"{what}: no bench CSV given")
-    t_from, t_to = _bench_timer(pair_from_rounds, "the pair's first card"), _bench_timer(pair_to_rounds,
-                                                                                      "the pair's second card")
+    def bench_verdicts(rounds, what):
+        """{(shape, target, B): measured verdict} and the rounds' timer (judge refuses rounds that mix timers)."""
+        try:
+            verdicts = judge(rounds, (), statistic)
+        except TargetsInputError as e:
+            raise TargetsInputError(f"{what}: {e}") from e
+        return {(v.shape, v.target, v.batch): v for v in verdicts if v.measured}, verdicts[0].bench_timer
+
+    (a, t_from), (b, t_to) = bench_verdicts(pair_from_rounds, "the pair's first card"), \
+        bench_verdicts(pair_to_rounds, "the pair's second card")
     if t_from != t_to:
         raise TargetsInputError(f"the pair's two cards were timed differently ({t_from} and {t_to}): a card factor "
                                 "needs the same library timed the same way on both")
-
-    def bench_verdicts(rounds):
-        return {(v.shape, v.target, v.batch): v for v in judge(rounds, (), statistic) if v.measured}
-
-    a, b, run = bench_verdicts(pair_from_rounds), bench_verdicts(pair_to_rounds), bench_verdicts(run_rounds)
+    run, _ = bench_verdicts(run_rounds, "the run")
     out = []
     for key, v in run.items():
         if key in a and key in b and a[key].value > 0 and math.isfinite(b[key].value):

@@ -120,6 +120,11 @@ def read_peer_csv(path, default_timer=DEFAULT_PEER_TIMER):
     return _read_rows(path, PEER_FIELDS, default_timer)
 
 
+def meets(value, relation, limit):
+    """Whether a target's value holds against its limit (relation ">=", "<=" or ">")."""
+    return {">=": value >= limit, "<=": value <= limit, ">": value > limit}[relation]
+
+
 @dataclass
 class Verdict:
     shape: str
@@ -137,9 +142,7 @@ class Verdict:
 
     @property
     def met(self):
-        if not self.measured:
-            return False
-        return {">=": self.value >= self.limit, "<=": self.value <= self.limit, ">": self.value > self.limit}[self.relation]
+        return self.measured and meets(self.value, self.relation, self.limit)
 
     @property
     def status(self):
