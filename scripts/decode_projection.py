@@ -53,6 +53,10 @@ def main(argv=None):
     if args.row_factors is not None:
         batches = set(args.row_factors or [256])
         factors = {k: f for k, f in row_factors(pair_from, pair_to, args.statistic).items() if k[2] in batches}
+        if not any(k[1] in TARGET_ROWS for k in factors):
+            print(f"decode_projection.py: --row-factors: the pair has no target rows at B = "
+                  f"{', '.join(map(str, sorted(batches)))}", file=sys.stderr)
+            return 2
         sys.stdout.write("\nEach row's time between the pair's cards:\n\n")
         sys.stdout.write(format_row_factors(factors, TARGET_ROWS, *args.cards))
     if args.csv:

@@ -110,6 +110,9 @@ def test_committed_pair_projects_its_own_run_onto_the_other_card(tmp_path):
     # An existing result is not replaced without --force.
     again = run_script("--pair-from", *H100_PAIR, "--pair-to", *H200_PAIR, "--run", *H100_PAIR, "--csv", out)
     assert again.returncode == 2 and "exists" in again.stderr
+    # --row-factors at a batch the pair does not hold is refused, naming it.
+    none = run_script("--pair-from", *H100_PAIR, "--pair-to", *H200_PAIR, "--run", *H100_PAIR, "--row-factors", 7)
+    assert none.returncode == 2 and "B = 7" in none.stderr
 
 
 def test_unreadable_input_is_refused_naming_the_file(tmp_path):
